@@ -1,0 +1,31 @@
+// The program both consumer projects build: it fails (exit 1) unless the
+// rotation it gets through rope::rope preserves the relative-position
+// property <R_m q, R_n k> = <q, R_(n-m) k>.
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include <rope/rope.hpp>
+
+int main() {
+  constexpr std::size_t head_dim = 64;
+  const rope::Table<float> table(rope::frequencies(head_dim), 64);
+  std::vector<float> q(head_dim), k(head_dim), rq(head_dim), rk(head_dim), rk_rel(head_dim);
+  for (std::size_t i = 0; i < head_dim; ++i) {
+    q[i] = std::sin(0.3f * i + 0.1f);
+    k[i] = std::cos(0.7f * i - 0.2f);
+  }
+  const std::size_t m = 17, n = 40;
+  rope::rotate<rope::Style::rotate_half>(q.data(), rq.data(), table.cos(m), table.sin(m), head_dim);
+  rope::rotate<rope::Style::rotate_half>(k.data(), rk.data(), table.cos(n), table.sin(n), head_dim);
+  rope::rotate<rope::Style::rotate_half>(k.data(), rk_rel.data(), table.cos(n - m), table.sin(n - m),
+                                         head_dim);
+  double absolute = 0, relative = 0;
+  for (std::size_t i = 0; i < head_dim; ++i) {
+    absolute += double(rq[i]) * rk[i];
+    relative += double(q[i]) * rk_rel[i];
+  }
+  std::printf("rope %d: <R_m q, R_n k> = %.6f, <q, R_(n-m) k> = %.6f\n", rope::kVersion, absolute,
+              relative);
+  return std::fabs(absolute - relative) < 1e-4 ? 0 : 1;
+}
