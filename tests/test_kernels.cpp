@@ -104,8 +104,12 @@ TYPED_TEST(Kernels, MatchReferenceOnEveryRotaryDimAlignmentAndPlacement) {
   EXPECT_GT(archs, 0) << "no architecture of this build runs on this CPU";
 }
 
-// Both pairings apply the same operations to each pair, so block_diagonal on
-// interleaved channels equals rotate_half on split channels bit for bit.
+// Both pairings compute each pair from the same two products, so
+// block_diagonal on interleaved channels equals rotate_half on split channels
+// up to the channel permutation. Not bit for bit: under the default
+// -ffp-contract=fast the compiler may choose which product of a - b each
+// fused multiply-add absorbs, differently in the two loops; both roundings
+// stay within the reference tolerance, so twice it bounds their difference.
 TYPED_TEST(Kernels, PairingsAgreeUpToTheChannelPermutation) {
   using T = TypeParam;
   rope::detail::for_each_runnable_arch([&](auto arch) {
@@ -120,14 +124,19 @@ TYPED_TEST(Kernels, PairingsAgreeUpToTheChannelPermutation) {
           interleaved[2 * p] = split[p];
           interleaved[2 * p + 1] = split[p + half];
         }
+        std::vector<double> expected, magnitude;
+        rope_test::reference_in_double<Style::rotate_half>(split.data(), cs.data(), cs.data() + half,
+                                                           r, dir, expected, magnitude);
         std::vector<T> y_split(r), y_interleaved(r);
         rope::rotate<Style::rotate_half, T, Arch>(split.data(), y_split.data(), cs.data(),
                                                   cs.data() + half, r, dir);
         rope::rotate<Style::block_diagonal, T, Arch>(interleaved.data(), y_interleaved.data(),
                                                      cs.data(), cs.data() + half, r, dir);
         for (std::size_t p = 0; p < half; ++p) {
-          ASSERT_EQ(y_interleaved[2 * p], y_split[p]) << Arch::name() << " r=" << r << " p=" << p;
-          ASSERT_EQ(y_interleaved[2 * p + 1], y_split[p + half]) << Arch::name() << " r=" << r;
+          ASSERT_NEAR(y_interleaved[2 * p], y_split[p], 2 * tolerance<T>(magnitude[p]))
+              << Arch::name() << " r=" << r << " p=" << p;
+          ASSERT_NEAR(y_interleaved[2 * p + 1], y_split[p + half], 2 * tolerance<T>(magnitude[p]))
+              << Arch::name() << " r=" << r << " p=" << p;
         }
       }
     }

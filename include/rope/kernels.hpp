@@ -28,6 +28,12 @@
 #include "detail/simd.hpp"
 #include "style.hpp"
 
+#if defined(_MSC_VER)
+#define ROPE_NOINLINE __declspec(noinline)
+#else
+#define ROPE_NOINLINE __attribute__((noinline))
+#endif
+
 namespace rope {
 namespace detail {
 
@@ -62,8 +68,39 @@ inline void block_diagonal_step(const T* x, const T* cos, const T* sin, T* y) no
       .store_unaligned(y + n);
 }
 
-// The last pairs < n go through the same step on a zero-padded copy, so the
-// tail rounds exactly like the body and nothing outside the row is touched.
+// The last pairs (from p to pairs, fewer than n) go through the same step on
+// a zero-padded copy, so the tail rounds exactly like the body and nothing
+// outside the row is touched. Kept out of line: its stack buffers would
+// otherwise give every call a stack frame, which costs more than the loop
+// itself on rows of 64 or 128 channels.
+template <bool Inverse, class T, class Arch>
+ROPE_NOINLINE void rotate_half_tail(const T* x, T* y, const T* cos, const T* sin, std::size_t p,
+                                    std::size_t pairs) noexcept {
+  constexpr std::size_t n = xsimd::batch<T, Arch>::size;
+  const std::size_t rest = pairs - p;
+  T a[n] = {}, b[n] = {}, c[n] = {}, s[n] = {};
+  std::copy_n(x + p, rest, a);
+  std::copy_n(x + pairs + p, rest, b);
+  std::copy_n(cos + p, rest, c);
+  std::copy_n(sin + p, rest, s);
+  rotate_half_step<Inverse, T, Arch>(a, b, c, s, a, b);
+  std::copy_n(a, rest, y + p);
+  std::copy_n(b, rest, y + pairs + p);
+}
+
+template <bool Inverse, class T, class Arch>
+ROPE_NOINLINE void block_diagonal_tail(const T* x, T* y, const T* cos, const T* sin, std::size_t p,
+                                       std::size_t pairs) noexcept {
+  constexpr std::size_t n = xsimd::batch<T, Arch>::size;
+  const std::size_t rest = pairs - p;
+  T v[2 * n] = {}, c[n] = {}, s[n] = {};
+  std::copy_n(x + 2 * p, 2 * rest, v);
+  std::copy_n(cos + p, rest, c);
+  std::copy_n(sin + p, rest, s);
+  block_diagonal_step<Inverse, T, Arch>(v, c, s, v);
+  std::copy_n(v, 2 * rest, y + 2 * p);
+}
+
 template <bool Inverse, class T, class Arch>
 inline void rotate_row(const T* x, T* y, const T* cos, const T* sin, std::size_t pairs,
                        std::integral_constant<Style, Style::rotate_half>) noexcept {
@@ -72,16 +109,7 @@ inline void rotate_row(const T* x, T* y, const T* cos, const T* sin, std::size_t
   for (; p + n <= pairs; p += n) {
     rotate_half_step<Inverse, T, Arch>(x + p, x + pairs + p, cos + p, sin + p, y + p, y + pairs + p);
   }
-  if (const std::size_t rest = pairs - p) {
-    T a[n] = {}, b[n] = {}, c[n] = {}, s[n] = {};
-    std::copy_n(x + p, rest, a);
-    std::copy_n(x + pairs + p, rest, b);
-    std::copy_n(cos + p, rest, c);
-    std::copy_n(sin + p, rest, s);
-    rotate_half_step<Inverse, T, Arch>(a, b, c, s, a, b);
-    std::copy_n(a, rest, y + p);
-    std::copy_n(b, rest, y + pairs + p);
-  }
+  if (p < pairs) rotate_half_tail<Inverse, T, Arch>(x, y, cos, sin, p, pairs);
 }
 
 template <bool Inverse, class T, class Arch>
@@ -92,14 +120,7 @@ inline void rotate_row(const T* x, T* y, const T* cos, const T* sin, std::size_t
   for (; p + n <= pairs; p += n) {
     block_diagonal_step<Inverse, T, Arch>(x + 2 * p, cos + p, sin + p, y + 2 * p);
   }
-  if (const std::size_t rest = pairs - p) {
-    T v[2 * n] = {}, c[n] = {}, s[n] = {};
-    std::copy_n(x + 2 * p, 2 * rest, v);
-    std::copy_n(cos + p, rest, c);
-    std::copy_n(sin + p, rest, s);
-    block_diagonal_step<Inverse, T, Arch>(v, c, s, v);
-    std::copy_n(v, 2 * rest, y + 2 * p);
-  }
+  if (p < pairs) block_diagonal_tail<Inverse, T, Arch>(x, y, cos, sin, p, pairs);
 }
 
 }  // namespace detail
