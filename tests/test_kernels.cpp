@@ -149,6 +149,34 @@ TYPED_TEST(Kernels, PairingsAgreeUpToTheChannelPermutation) {
   });
 }
 
+// A widened row rotates block_diagonal heads like the row kernel does: same
+// reference, same tolerance, every rotary_dim (so every tail), both
+// directions, every architecture; nothing outside the row is touched.
+TYPED_TEST(Kernels, WidenedRowMatchesReference) {
+  using T = TypeParam;
+  rope::detail::for_each_runnable_arch([&](auto arch) {
+    using Arch = decltype(arch);
+    for (Direction dir : kDirections) {
+      for (std::size_t r = 2; r <= kMaxRotaryDim; r += 2) {
+        const auto x = rope_test::random_vector<T>(r, static_cast<std::uint32_t>(5 * r));
+        const auto cs = rope_test::random_vector<T>(r, static_cast<std::uint32_t>(13 * r));
+        std::vector<double> expected, magnitude;
+        rope_test::reference_in_double<Style::block_diagonal>(x.data(), cs.data(), cs.data() + r / 2,
+                                                              r, dir, expected, magnitude);
+        std::vector<T> wide(2 * r);
+        rope::widen_row(cs.data(), cs.data() + r / 2, r, dir, wide.data());
+        Guarded<T> out(r, 1);
+        rope::rotate_wide<T, Arch>(x.data(), out.data(), wide.data(), r);
+        for (std::size_t i = 0; i < r; ++i) {
+          ASSERT_NEAR(double(out.data()[i]), expected[i], tolerance<T>(magnitude[i]))
+              << Arch::name() << " " << rope::name(dir) << " r=" << r << " channel " << i;
+        }
+        ASSERT_TRUE(out.guards_intact()) << Arch::name() << " r=" << r;
+      }
+    }
+  });
+}
+
 // The rotation by angle 0 (cos 1, sin 0) is exactly the identity.
 TYPED_TEST(Kernels, PositionZeroIsExactlyTheIdentity) {
   using T = TypeParam;

@@ -14,8 +14,13 @@
 //   block_diagonal: pairs are adjacent lanes; cos/sin are widened to pairs
 //                   with a constant swizzle and the partner lane comes from
 //                   an adjacent-lane swap, with the sign of sin alternating.
-// Both pairings compute each pair with the same operations, so they give
-// bit-identical results up to the channel permutation.
+// Both pairings compute each pair from the same two products; they agree up
+// to the channel permutation within the rounding of one fused multiply-add.
+//
+// Many heads share one position. For block_diagonal, widening the table row
+// once per position (widen_row) and rotating every head with rotate_wide
+// moves the cos/sin swizzles out of the per-head loop: one lane swap per
+// batch remains, as cheap per head as rotate_half.
 #pragma once
 
 #include <algorithm>
@@ -144,6 +149,61 @@ void rotate(const T* x, T* y, const T* cos, const T* sin, std::size_t rotary_dim
   } else {
     detail::rotate_row<true, T, Arch>(x, y, cos, sin, pairs, style);
   }
+}
+
+namespace detail {
+
+template <class T, class Arch>
+inline void rotate_wide_step(const T* x, const T* cos2, const T* sin2, T* y) noexcept {
+  using B = xsimd::batch<T, Arch>;
+  const B v = B::load_unaligned(x);
+  xsimd::fma(swap_adjacent(v), B::load_unaligned(sin2), v * B::load_unaligned(cos2))
+      .store_unaligned(y);
+}
+
+template <class T, class Arch>
+ROPE_NOINLINE void rotate_wide_tail(const T* x, T* y, const T* cos2, const T* sin2, std::size_t i,
+                                    std::size_t rotary_dim) noexcept {
+  constexpr std::size_t n = xsimd::batch<T, Arch>::size;
+  const std::size_t rest = rotary_dim - i;
+  T v[n] = {}, c[n] = {}, s[n] = {};
+  std::copy_n(x + i, rest, v);
+  std::copy_n(cos2 + i, rest, c);
+  std::copy_n(sin2 + i, rest, s);
+  rotate_wide_step<T, Arch>(v, c, s, v);
+  std::copy_n(v, rest, y + i);
+}
+
+}  // namespace detail
+
+// Widens one table row for block_diagonal rotation of many heads:
+//   wide[2p] = wide[2p+1] = cos[p];  wide[r + 2p] = -sin[p], wide[r + 2p+1] = +sin[p]
+// (the sine signs flipped for Direction::inverse). wide holds 2*rotary_dim
+// values; rotary_dim is even (unchecked).
+template <class T>
+void widen_row(const T* cos, const T* sin, std::size_t rotary_dim, Direction dir, T* wide) noexcept {
+  const T sign = dir == Direction::forward ? T(1) : T(-1);
+  for (std::size_t p = 0; p < rotary_dim / 2; ++p) {
+    wide[2 * p] = wide[2 * p + 1] = cos[p];
+    wide[rotary_dim + 2 * p] = -sign * sin[p];
+    wide[rotary_dim + 2 * p + 1] = sign * sin[p];
+  }
+}
+
+// block_diagonal rotation of one head vector with a row made by widen_row:
+// y = x * cos2 + swap_pairs(x) * sin2, the same products as
+// rotate<Style::block_diagonal>. Same preconditions as rotate, with wide
+// holding 2*rotary_dim values.
+template <class T, class Arch = xsimd::default_arch>
+void rotate_wide(const T* x, T* y, const T* wide, std::size_t rotary_dim) noexcept {
+  constexpr std::size_t n = xsimd::batch<T, Arch>::size;
+  const T* cos2 = wide;
+  const T* sin2 = wide + rotary_dim;
+  std::size_t i = 0;
+  for (; i + n <= rotary_dim; i += n) {
+    detail::rotate_wide_step<T, Arch>(x + i, cos2 + i, sin2 + i, y + i);
+  }
+  if (i < rotary_dim) detail::rotate_wide_tail<T, Arch>(x, y, cos2, sin2, i, rotary_dim);
 }
 
 }  // namespace rope
