@@ -149,31 +149,47 @@ TYPED_TEST(Kernels, PairingsAgreeUpToTheChannelPermutation) {
   });
 }
 
-// A widened row rotates block_diagonal heads like the row kernel does: same
-// reference, same tolerance, every rotary_dim (so every tail), both
-// directions, every architecture; nothing outside the row is touched.
-TYPED_TEST(Kernels, WidenedRowMatchesReference) {
+// rotate_heads equals the reference on every head, for strides that leave
+// gaps between heads, in place and out of place, every rotary_dim (so every
+// tail) and every architecture; the gaps between heads are never touched.
+TYPED_TEST(Kernels, RotateHeadsMatchesReferenceOnEveryHead) {
   using T = TypeParam;
   rope::detail::for_each_runnable_arch([&](auto arch) {
     using Arch = decltype(arch);
-    for (Direction dir : kDirections) {
-      for (std::size_t r = 2; r <= kMaxRotaryDim; r += 2) {
-        const auto x = rope_test::random_vector<T>(r, static_cast<std::uint32_t>(5 * r));
-        const auto cs = rope_test::random_vector<T>(r, static_cast<std::uint32_t>(13 * r));
-        std::vector<double> expected, magnitude;
-        rope_test::reference_in_double<Style::block_diagonal>(x.data(), cs.data(), cs.data() + r / 2,
-                                                              r, dir, expected, magnitude);
-        std::vector<T> wide(2 * r);
-        rope::widen_row(cs.data(), cs.data() + r / 2, r, dir, wide.data());
-        Guarded<T> out(r, 1);
-        rope::rotate_wide<T, Arch>(x.data(), out.data(), wide.data(), r);
-        for (std::size_t i = 0; i < r; ++i) {
-          ASSERT_NEAR(double(out.data()[i]), expected[i], tolerance<T>(magnitude[i]))
-              << Arch::name() << " " << rope::name(dir) << " r=" << r << " channel " << i;
+    for_each_style([&](auto style_tag) {
+      constexpr Style S = decltype(style_tag)::value;
+      for (Direction dir : kDirections) {
+        for (std::size_t r = 2; r <= kMaxRotaryDim; r += 2) {
+          const std::size_t heads = 1 + r % 5;
+          const std::size_t x_stride = r + r % 3, y_stride = r + 1;
+          const auto cs = rope_test::random_vector<T>(r, static_cast<std::uint32_t>(13 * r));
+          const auto x = rope_test::random_vector<T>(heads * x_stride, static_cast<std::uint32_t>(5 * r));
+          for (bool in_place : {false, true}) {
+            Guarded<T> in(heads * x_stride, 1), out(heads * y_stride, 2);
+            std::copy(x.begin(), x.end(), in.data());
+            const std::ptrdiff_t ys = in_place ? std::ptrdiff_t(x_stride) : std::ptrdiff_t(y_stride);
+            T* y = in_place ? in.data() : out.data();
+            rope::rotate_heads<S, T, Arch>(in.data(), std::ptrdiff_t(x_stride), y, ys, heads, cs.data(),
+                                           cs.data() + r / 2, r, dir);
+            for (std::size_t h = 0; h < heads; ++h) {
+              std::vector<double> expected, magnitude;
+              rope_test::reference_in_double<S>(x.data() + h * x_stride, cs.data(), cs.data() + r / 2, r,
+                                                dir, expected, magnitude);
+              for (std::size_t i = 0; i < r; ++i) {
+                ASSERT_NEAR(double(y[h * ys + i]), expected[i], tolerance<T>(magnitude[i]))
+                    << Arch::name() << " " << rope::name(S) << " r=" << r << " head " << h;
+              }
+              // In place, the channels between rows (past rotary_dim) keep their values.
+              for (std::size_t i = r; in_place && i < x_stride; ++i) {
+                ASSERT_EQ(y[h * ys + i], x[h * x_stride + i]) << "gap touched, head " << h;
+              }
+            }
+            ASSERT_TRUE(in.guards_intact());
+            ASSERT_TRUE(out.guards_intact());
+          }
         }
-        ASSERT_TRUE(out.guards_intact()) << Arch::name() << " r=" << r;
       }
-    }
+    });
   });
 }
 
