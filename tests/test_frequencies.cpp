@@ -1,10 +1,13 @@
-// The default schedule theta_p = base^(-2p/r) against a long double closed
-// form, and the errors for invalid arguments.
+// The default schedule theta_p = base^(-2p/r) and every scaling variant
+// against closed forms computed here in long double, their boundary cases,
+// and the errors for invalid arguments.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <rope/frequencies.hpp>
 
@@ -59,6 +62,439 @@ TEST(Frequencies, RejectsBaseAtOrBelowOneNamingIt) {
     const auto msg = message_of([&] { rope::frequencies(64, base); });
     EXPECT_NE(msg.find("base"), std::string::npos) << msg;
   }
+}
+
+// ---------------------------------------------------------------------------
+// Scaling variants. Each closed form below is written from the formula in
+// long double, independently of the library; the library rounds once from a
+// long double evaluation, so a few ulps cover both roundings.
+
+namespace closed_form {
+
+using LD = long double;
+constexpr LD kPi = 3.141592653589793238462643383279502884L;
+
+LD plain(std::size_t r, LD base, std::size_t p) {
+  return std::pow(base, -2.0L * static_cast<LD>(p) / static_cast<LD>(r));
+}
+
+std::vector<LD> plain_all(std::size_t r, LD base) {
+  std::vector<LD> v;
+  for (std::size_t p = 0; p < r / 2; ++p) v.push_back(plain(r, base, p));
+  return v;
+}
+
+std::vector<LD> ntk(std::size_t r, LD base, LD stretch) {
+  const LD scaled = base * std::pow(stretch, static_cast<LD>(r) / static_cast<LD>(r - 2));
+  return plain_all(r, scaled);
+}
+
+struct YarnResult {
+  std::vector<LD> inv;
+  LD attention;
+  LD lo, hi;
+};
+
+LD mscale_g(LD s, LD m) { return s <= 1 ? 1.0L : 0.1L * m * std::log(s) + 1.0L; }
+
+YarnResult yarn(std::size_t r, LD base, const rope::scaling::Yarn& y) {
+  const LD dim = static_cast<LD>(r);
+  const LD l0 = static_cast<LD>(y.original_max_positions);
+  auto corr = [&](LD n) { return dim * std::log(l0 / (2 * kPi * n)) / (2 * std::log(base)); };
+  LD lo = corr(y.beta_fast), hi = corr(y.beta_slow);
+  if (y.truncate) {
+    lo = std::floor(lo);
+    hi = std::ceil(hi);
+  }
+  if (lo < 0) lo = 0;
+  if (hi > dim - 1) hi = dim - 1;
+  if (lo == hi) hi += 0.001L;
+  YarnResult out{{}, 1.0L, lo, hi};
+  for (std::size_t p = 0; p < r / 2; ++p) {
+    LD ramp = (static_cast<LD>(p) - lo) / (hi - lo);
+    if (ramp < 0) ramp = 0;
+    if (ramp > 1) ramp = 1;
+    const LD e = 1 - ramp;
+    const LD inv = plain(r, base, p);
+    out.inv.push_back(inv / y.factor * (1 - e) + inv * e);
+  }
+  if (y.attention_factor) {
+    out.attention = *y.attention_factor;
+  } else if (y.mscale != 0 && y.mscale_all_dim != 0) {
+    out.attention = mscale_g(y.factor, y.mscale) / mscale_g(y.factor, y.mscale_all_dim);
+  } else {
+    out.attention = mscale_g(y.factor, 1);
+  }
+  return out;
+}
+
+enum class Band { high, medium, low };
+
+std::vector<LD> llama3(std::size_t r, LD base, const rope::scaling::Llama3& s,
+                       std::vector<Band>* bands = nullptr) {
+  std::vector<LD> out;
+  const LD l0 = static_cast<LD>(s.original_max_positions);
+  for (std::size_t p = 0; p < r / 2; ++p) {
+    const LD inv = plain(r, base, p);
+    const LD wavelength = 2 * kPi / inv;
+    if (wavelength < l0 / s.high_freq_factor) {
+      out.push_back(inv);
+      if (bands) bands->push_back(Band::high);
+    } else if (wavelength > l0 / s.low_freq_factor) {
+      out.push_back(inv / s.factor);
+      if (bands) bands->push_back(Band::low);
+    } else {
+      const LD smooth = (l0 / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      out.push_back((1 - smooth) * inv / s.factor + smooth * inv);
+      if (bands) bands->push_back(Band::medium);
+    }
+  }
+  return out;
+}
+
+std::vector<LD> longrope(std::size_t r, LD base, const std::vector<double>& ext) {
+  std::vector<LD> out;
+  for (std::size_t p = 0; p < r / 2; ++p) {
+    out.push_back(1.0L / (ext[p] * std::pow(base, 2.0L * static_cast<LD>(p) / static_cast<LD>(r))));
+  }
+  return out;
+}
+
+}  // namespace closed_form
+
+// Every value within `ulps` units of 2^-52 relative of the closed form.
+void expect_matches(const std::vector<double>& got, const std::vector<long double>& want,
+                    double ulps = 4, const char* what = "") {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t p = 0; p < got.size(); ++p) {
+    const long double tol = ulps * 0x1p-52L * std::fabs(want[p]);
+    EXPECT_LE(std::fabs(got[p] - want[p]), tol) << what << " p=" << p << " got " << got[p]
+                                                << " want " << static_cast<double>(want[p]);
+  }
+}
+
+using rope::Scaling;
+namespace scaling = rope::scaling;
+
+TEST(Scaling, NoneEqualsThePlainScheduleAndIsTheDefault) {
+  const auto plain = rope::frequencies(128, 500000.0);
+  const auto none = rope::frequencies(128, 500000.0, scaling::None{});
+  const auto defaulted = rope::frequencies(128, 500000.0, Scaling{}, 123456);
+  EXPECT_EQ(none.inv_freq, plain.inv_freq);
+  EXPECT_EQ(defaulted.inv_freq, plain.inv_freq);
+  EXPECT_EQ(none.attention_factor, 1.0);
+}
+
+TEST(Scaling, LinearDividesEveryFrequencyByTheFactor) {
+  for (double factor : {0.5, 2.0, 4.0, 8.0, 3.3}) {
+    const auto f = rope::frequencies(96, 10000.0, scaling::Linear{factor});
+    std::vector<long double> want;
+    for (std::size_t p = 0; p < 48; ++p) want.push_back(closed_form::plain(96, 10000.0L, p) / factor);
+    expect_matches(f.inv_freq, want, 2, "linear");
+    EXPECT_EQ(f.attention_factor, 1.0);
+  }
+}
+
+TEST(Scaling, NtkMatchesTheStretchedBaseAndDividesTheLowestFrequencyByFactor) {
+  for (std::size_t r : {4u, 64u, 128u}) {
+    for (double factor : {2.0, 4.0, 8.0, 0.5}) {
+      const auto f = rope::frequencies(r, 10000.0, scaling::Ntk{factor});
+      expect_matches(f.inv_freq, closed_form::ntk(r, 10000.0L, factor), 4, "ntk");
+      // base'^(-(r-2)/r) = base^(-(r-2)/r) / factor: the slowest pair is
+      // exactly position-interpolated, the fastest (p = 0) untouched.
+      const long double last = closed_form::plain(r, 10000.0L, r / 2 - 1) / factor;
+      EXPECT_NEAR(f.inv_freq.back(), static_cast<double>(last), 8 * 0x1p-52 * static_cast<double>(last));
+      EXPECT_EQ(f.inv_freq[0], 1.0);
+    }
+  }
+}
+
+TEST(Scaling, DynamicNtkIsThePlainScheduleAtOrBelowTheOriginalLength) {
+  const auto plain = rope::frequencies(128, 10000.0);
+  for (double factor : {2.0, 4.0, 0.5}) {
+    for (std::size_t seq_len : {std::size_t{0}, std::size_t{1}, std::size_t{2047}, std::size_t{4096}}) {
+      const auto f = rope::frequencies(128, 10000.0, scaling::DynamicNtk{factor, 4096}, seq_len);
+      EXPECT_EQ(f.inv_freq, plain.inv_freq) << "factor " << factor << " seq_len " << seq_len;
+      EXPECT_EQ(f.attention_factor, 1.0);
+    }
+  }
+}
+
+TEST(Scaling, DynamicNtkAboveTheOriginalLengthMatchesTheClosedForm) {
+  const auto plain = rope::frequencies(128, 10000.0);
+  for (double factor : {2.0, 4.0, 0.5}) {
+    std::vector<double> previous = plain.inv_freq;
+    for (std::size_t seq_len : {4097u, 8192u, 16384u, 100000u}) {
+      const auto f = rope::frequencies(128, 10000.0, scaling::DynamicNtk{factor, 4096}, seq_len);
+      const long double l = seq_len, l0 = 4096;
+      const long double stretch = factor * l / l0 - (factor - 1);
+      expect_matches(f.inv_freq, closed_form::ntk(128, 10000.0L, stretch), 4, "dynamic");
+      // A longer sequence only ever lowers the frequencies (never a base below base).
+      for (std::size_t p = 1; p < 64; ++p) {
+        EXPECT_LT(f.inv_freq[p], previous[p]) << "seq_len " << seq_len << " p " << p;
+        EXPECT_FALSE(std::isnan(f.inv_freq[p]));
+      }
+      previous = f.inv_freq;
+    }
+  }
+}
+
+scaling::Yarn yarn(double factor, std::size_t original) {
+  scaling::Yarn y;
+  y.factor = factor;
+  y.original_max_positions = original;
+  return y;
+}
+
+TEST(Scaling, YarnMatchesTheClosedFormForCheckpointShapedConfigs) {
+  struct Case {
+    std::size_t r;
+    double base;
+    scaling::Yarn y;
+  };
+  std::vector<Case> cases;
+  cases.push_back({128, 1e6, yarn(4.0, 32768)});  // Qwen2.5 style
+  auto deepseek = yarn(40.0, 4096);                  // DeepSeek-V3 style
+  deepseek.mscale = 1.0;
+  deepseek.mscale_all_dim = 1.0;
+  cases.push_back({64, 10000.0, deepseek});
+  auto deepseek_v2_lite = yarn(40.0, 4096);
+  deepseek_v2_lite.mscale = 0.707;
+  deepseek_v2_lite.mscale_all_dim = 0.707;
+  cases.push_back({64, 10000.0, deepseek_v2_lite});
+  auto ratio = yarn(16.0, 4096);
+  ratio.mscale = 1.0;
+  ratio.mscale_all_dim = 0.5;
+  cases.push_back({128, 10000.0, ratio});
+  auto untruncated = yarn(32.0, 4096);
+  untruncated.beta_fast = 32;
+  untruncated.beta_slow = 1;
+  untruncated.truncate = false;
+  cases.push_back({64, 150000.0, untruncated});
+  // A long original length over a small base: ceil(corr(beta_slow)) = 84
+  // is clamped to r - 1 = 63.
+  cases.push_back({64, 100.0, yarn(16.0, 1000000)});
+  ASSERT_EQ(closed_form::yarn(64, 100.0L, yarn(16.0, 1000000)).hi, 63.0L);
+  auto given = yarn(8.0, 8192);
+  given.attention_factor = 0.9;
+  cases.push_back({128, 500000.0, given});
+  for (const auto& c : cases) {
+    const auto f = rope::frequencies(c.r, c.base, c.y);
+    const auto want = closed_form::yarn(c.r, c.base, c.y);
+    expect_matches(f.inv_freq, want.inv, 4, "yarn");
+    EXPECT_NEAR(f.attention_factor, static_cast<double>(want.attention), 1e-15)
+        << "factor " << c.y.factor << " mscale " << c.y.mscale << "/" << c.y.mscale_all_dim;
+  }
+}
+
+TEST(Scaling, YarnAttentionFactorFollowsG) {
+  // g(s, 1) = 0.1 ln s + 1 when mscale_all_dim is 0 (mscale is then unused).
+  auto y = yarn(4.0, 32768);
+  y.mscale = 3.0;
+  EXPECT_NEAR(rope::frequencies(128, 1e6, y).attention_factor, 0.1 * std::log(4.0) + 1, 1e-15);
+  // Equal mscale and mscale_all_dim cancel.
+  y.mscale = 0.8;
+  y.mscale_all_dim = 0.8;
+  EXPECT_NEAR(rope::frequencies(128, 1e6, y).attention_factor, 1.0, 1e-15);
+  // An explicit attention_factor wins.
+  y.attention_factor = 1.5;
+  EXPECT_EQ(rope::frequencies(128, 1e6, y).attention_factor, 1.5);
+}
+
+TEST(Scaling, YarnTruncateFalseKeepsTheFractionalRamp) {
+  auto t = yarn(32.0, 4096);
+  auto u = t;
+  u.truncate = false;
+  const auto ft = rope::frequencies(64, 150000.0, t);
+  const auto fu = rope::frequencies(64, 150000.0, u);
+  const auto wt = closed_form::yarn(64, 150000.0L, t);
+  const auto wu = closed_form::yarn(64, 150000.0L, u);
+  // The chosen config has fractional correction dims, so the two differ.
+  ASSERT_NE(wu.lo, std::floor(wu.lo));
+  ASSERT_NE(wu.hi, std::ceil(wu.hi));
+  EXPECT_NE(ft.inv_freq, fu.inv_freq);
+  expect_matches(ft.inv_freq, wt.inv, 4, "truncated");
+  expect_matches(fu.inv_freq, wu.inv, 4, "untruncated");
+}
+
+TEST(Scaling, YarnWithLoEqualHiStepsFromOriginalToInterpolated) {
+  // beta_fast == beta_slow without truncation: lo == hi, so hi = lo + 0.001
+  // and the ramp is a step between two consecutive pairs.
+  auto y = yarn(8.0, 8192);
+  y.beta_fast = y.beta_slow = 4.0;
+  y.truncate = false;
+  const auto want = closed_form::yarn(128, 10000.0L, y);
+  ASSERT_NEAR(static_cast<double>(want.hi - want.lo), 0.001, 1e-12);
+  const auto f = rope::frequencies(128, 10000.0, y);
+  expect_matches(f.inv_freq, want.inv, 4, "lo==hi");
+  const auto plain = rope::frequencies(128, 10000.0);
+  std::size_t kept = 0, divided = 0;
+  for (std::size_t p = 0; p < 64; ++p) {
+    const double ratio = plain.inv_freq[p] / f.inv_freq[p];
+    if (p <= want.lo) {
+      EXPECT_NEAR(ratio, 1.0, 1e-15) << p;
+      ++kept;
+    } else if (p >= want.hi) {
+      EXPECT_NEAR(ratio, 8.0, 1e-14) << p;
+      ++divided;
+    }
+  }
+  EXPECT_GT(kept, 0u);
+  EXPECT_GT(divided, 0u);
+
+  // Correction dims in (-1, 0): floor gives -1, clamped to 0, and ceil gives
+  // 0, so lo == hi == 0 after truncation and clamping (L0/(2 pi n) = 0.95).
+  auto z = yarn(8.0, 64);
+  z.beta_fast = z.beta_slow = 10.72;
+  const auto wz = closed_form::yarn(128, 10000.0L, z);
+  ASSERT_EQ(wz.lo, 0.0L);
+  ASSERT_NEAR(static_cast<double>(wz.hi), 0.001, 1e-15);
+  expect_matches(rope::frequencies(128, 10000.0, z).inv_freq, wz.inv, 4, "clamped lo==hi");
+}
+
+TEST(Scaling, YarnWithFactorAtOrBelowOneHasNoAttentionScaling) {
+  for (double factor : {1.0, 0.5}) {
+    auto y = yarn(factor, 4096);
+    y.mscale = 0.7;
+    y.mscale_all_dim = 0.3;
+    const auto f = rope::frequencies(64, 10000.0, y);
+    EXPECT_EQ(f.attention_factor, 1.0);
+    expect_matches(f.inv_freq, closed_form::yarn(64, 10000.0L, y).inv, 4, "factor<=1");
+  }
+  // factor 1 leaves the schedule unchanged.
+  expect_matches(rope::frequencies(64, 10000.0, yarn(1.0, 4096)).inv_freq,
+                 closed_form::plain_all(64, 10000.0L), 2, "factor 1");
+}
+
+TEST(Scaling, Llama3MatchesTheClosedFormInAllThreeBands) {
+  const scaling::Llama3 defaults;  // Llama 3.1: 8, 1, 4, 8192
+  EXPECT_EQ(defaults.factor, 8.0);
+  EXPECT_EQ(defaults.low_freq_factor, 1.0);
+  EXPECT_EQ(defaults.high_freq_factor, 4.0);
+  EXPECT_EQ(defaults.original_max_positions, 8192u);
+  for (const auto& s : {defaults, scaling::Llama3{32.0, 1.0, 4.0, 8192}, scaling::Llama3{4.0, 2.0, 8.0, 4096}}) {
+    std::vector<closed_form::Band> bands;
+    const auto want = closed_form::llama3(128, 500000.0L, s, &bands);
+    const auto f = rope::frequencies(128, 500000.0, s);
+    expect_matches(f.inv_freq, want, 4, "llama3");
+    EXPECT_EQ(f.attention_factor, 1.0);
+    for (auto b : {closed_form::Band::high, closed_form::Band::medium, closed_form::Band::low}) {
+      EXPECT_NE(std::find(bands.begin(), bands.end(), b), bands.end()) << "a band is empty";
+    }
+    // High-frequency pairs are untouched bit for bit.
+    const auto plain = rope::frequencies(128, 500000.0);
+    for (std::size_t p = 0; p < 64; ++p) {
+      if (bands[p] == closed_form::Band::high) {
+        EXPECT_EQ(f.inv_freq[p], plain.inv_freq[p]);
+      }
+    }
+  }
+}
+
+TEST(Scaling, LongRopeSwitchesFromShortToLongAboveTheOriginalLength) {
+  std::vector<double> short_factor(48), long_factor(48);
+  for (std::size_t p = 0; p < 48; ++p) {
+    short_factor[p] = 1.0 + 0.01 * p;
+    long_factor[p] = 1.0 + 0.5 * p;
+  }
+  const scaling::LongRope s{short_factor, long_factor, 4096, 131072};
+  for (std::size_t seq_len : {0u, 100u, 4096u}) {
+    const auto f = rope::frequencies(96, 10000.0, s, seq_len);
+    expect_matches(f.inv_freq, closed_form::longrope(96, 10000.0L, short_factor), 4, "short");
+  }
+  for (std::size_t seq_len : {4097u, 131072u}) {
+    const auto f = rope::frequencies(96, 10000.0, s, seq_len);
+    expect_matches(f.inv_freq, closed_form::longrope(96, 10000.0L, long_factor), 4, "long");
+  }
+  // sqrt(1 + ln(131072/4096)/ln(4096)) = sqrt(1 + 5/12).
+  EXPECT_NEAR(rope::frequencies(96, 10000.0, s).attention_factor, std::sqrt(17.0L / 12.0L), 1e-15);
+}
+
+TEST(Scaling, LongRopeAttentionFactorIsOneWithoutExtension) {
+  const std::vector<double> ones(32, 1.0);
+  for (std::size_t max_positions : {1000u, 4096u}) {
+    const auto f = rope::frequencies(64, 10000.0, scaling::LongRope{ones, ones, 4096, max_positions});
+    EXPECT_EQ(f.attention_factor, 1.0);
+    expect_matches(f.inv_freq, closed_form::plain_all(64, 10000.0L), 2, "unit factors");
+  }
+  const auto f = rope::frequencies(64, 10000.0, scaling::LongRope{ones, ones, 2048, 32768});
+  const long double want = std::sqrt(1.0L + std::log(16.0L) / std::log(2048.0L));
+  EXPECT_NEAR(f.attention_factor, static_cast<double>(want), 1e-15);
+}
+
+TEST(Scaling, CustomIsTakenAsGiven) {
+  const std::vector<double> inv{1.0, 0.25, 1e-3, 0.0};
+  const auto f = rope::frequencies(8, 10000.0, scaling::Custom{inv, 1.125});
+  EXPECT_EQ(f.inv_freq, inv);
+  EXPECT_EQ(f.attention_factor, 1.125);
+  EXPECT_EQ(rope::frequencies(8, 10000.0, scaling::Custom{inv}).attention_factor, 1.0);
+}
+
+// The message names the field and shows the value after "got ".
+void expect_rejects(const Scaling& s, const std::string& field, const std::string& value,
+                    std::size_t rotary_dim = 64, std::size_t seq_len = 0) {
+  const auto msg = message_of([&] { rope::frequencies(rotary_dim, 10000.0, s, seq_len); });
+  EXPECT_NE(msg.find(field), std::string::npos) << "field " << field << ": " << msg;
+  EXPECT_NE(msg.find("got " + value), std::string::npos) << "value " << value << ": " << msg;
+}
+
+TEST(Scaling, RejectsEachInvalidFieldNamingItAndItsValue) {
+  const double nan = std::nan("");
+  expect_rejects(scaling::Linear{0.0}, "Linear::factor", "0");
+  expect_rejects(scaling::Linear{-1.5}, "Linear::factor", "-1.5");
+  expect_rejects(scaling::Linear{nan}, "Linear::factor", "nan");
+  expect_rejects(scaling::Ntk{-2.25}, "Ntk::factor", "-2.25");
+  expect_rejects(scaling::Ntk{2.0}, "rotary_dim", "2", 2);
+  expect_rejects(scaling::DynamicNtk{-3.5, 4096}, "DynamicNtk::factor", "-3.5");
+  expect_rejects(scaling::DynamicNtk{2.0, 0}, "DynamicNtk::original_max_positions", "0");
+  expect_rejects(scaling::DynamicNtk{2.0, 4096}, "rotary_dim", "2", 2, 8192);
+
+  expect_rejects(yarn(-0.5, 4096), "Yarn::factor", "-0.5");
+  expect_rejects(yarn(4.0, 0), "Yarn::original_max_positions", "0");
+  auto y = yarn(4.0, 4096);
+  y.beta_fast = -32;
+  expect_rejects(y, "Yarn::beta_fast", "-32");
+  y = yarn(4.0, 4096);
+  y.beta_slow = 0.0;
+  expect_rejects(y, "Yarn::beta_slow", "0");
+  y = yarn(4.0, 4096);
+  y.mscale = nan;
+  expect_rejects(y, "Yarn::mscale", "nan");
+  y = yarn(4.0, 4096);
+  y.mscale_all_dim = double(INFINITY);
+  expect_rejects(y, "Yarn::mscale_all_dim", "inf");
+  y = yarn(4.0, 4096);
+  y.attention_factor = -1.25;
+  expect_rejects(y, "Yarn::attention_factor", "-1.25");
+
+  expect_rejects(scaling::Llama3{-8.0, 1.0, 4.0, 8192}, "Llama3::factor", "-8");
+  expect_rejects(scaling::Llama3{8.0, -1.0, 4.0, 8192}, "Llama3::low_freq_factor", "-1");
+  expect_rejects(scaling::Llama3{8.0, 1.0, 0.0, 8192}, "Llama3::high_freq_factor", "0");
+  expect_rejects(scaling::Llama3{8.0, 4.0, 4.0, 8192}, "Llama3::high_freq_factor", "4");
+  expect_rejects(scaling::Llama3{8.0, 1.0, 4.0, 0}, "Llama3::original_max_positions", "0");
+
+  const std::vector<double> ok(32, 1.0), short_vec(31, 1.0);
+  auto bad = ok;
+  bad[7] = -0.75;
+  expect_rejects(scaling::LongRope{short_vec, ok, 4096, 131072}, "LongRope::short_factor.size()", "31");
+  expect_rejects(scaling::LongRope{ok, short_vec, 4096, 131072}, "LongRope::long_factor.size()", "31");
+  expect_rejects(scaling::LongRope{bad, ok, 4096, 131072}, "LongRope::short_factor[7]", "-0.75");
+  expect_rejects(scaling::LongRope{ok, bad, 4096, 131072}, "LongRope::long_factor[7]", "-0.75");
+  expect_rejects(scaling::LongRope{ok, ok, 0, 131072}, "LongRope::original_max_positions", "0");
+  expect_rejects(scaling::LongRope{ok, ok, 4096, 0}, "LongRope::max_positions", "0");
+
+  expect_rejects(scaling::Custom{short_vec, 1.0}, "Custom::inv_freq.size()", "31");
+  expect_rejects(scaling::Custom{bad, 1.0}, "Custom::inv_freq[7]", "-0.75");
+  expect_rejects(scaling::Custom{ok, 0.0}, "Custom::attention_factor", "0");
+  expect_rejects(scaling::Custom{ok, nan}, "Custom::attention_factor", "nan");
+}
+
+TEST(Scaling, RotaryDimAndBaseAreCheckedWhateverTheVariant) {
+  EXPECT_THROW(rope::frequencies(63, 10000.0, scaling::Linear{2.0}), std::invalid_argument);
+  EXPECT_THROW(rope::frequencies(0, 10000.0, yarn(4.0, 4096)), std::invalid_argument);
+  const auto msg = message_of([] { rope::frequencies(64, 0.5, scaling::Llama3{}); });
+  EXPECT_NE(msg.find("base"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("got 0.5"), std::string::npos) << msg;
 }
 
 }  // namespace

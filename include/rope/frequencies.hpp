@@ -1,65 +1,362 @@
-// rope/frequencies.hpp — the rotation frequencies theta_p of each pair.
+// rope/frequencies.hpp — the rotation frequencies theta_p of each pair, and
+// the scaling variants that long-context checkpoints apply to them.
 //
-//   theta_p = inv_freq[p] = base^(-2p / rotary_dim),   p = 0 .. rotary_dim/2 - 1
+//   theta_p = inv_freq[p] = base^(-2p / r),   p = 0 .. r/2 - 1,  r = rotary_dim
 //
-// Pair p of a token at position m is rotated by m * theta_p. Everything here
-// is double precision: tables and on-the-fly angles round to the tensor's
-// type only after the angle and its cos/sin are computed.
+// Pair p of a token at position m is rotated by m * theta_p; a scaling variant
+// replaces theta_p (and may set an attention factor that multiplies every cos
+// and sin). Everything here is double precision, evaluated in long double and
+// rounded once: tables and on-the-fly angles round to the tensor's type only
+// after the angle and its cos/sin are computed. docs/scaling.md says which
+// variant each checkpoint family uses and how `rope_scaling` keys map to the
+// fields below.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <limits>
+#include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace rope {
 
 struct Frequencies {
   std::vector<double> inv_freq;    // rotary_dim/2 values, theta_p
-  double attention_factor = 1.0;   // multiplies cos and sin in every table
+  double attention_factor = 1.0;   // multiplies cos and sin in every table and angle
 
   std::size_t rotary_dim() const noexcept { return 2 * inv_freq.size(); }
 };
 
+// The variants. Fields without a usable default (a factor, a length) start at
+// 0, which the checks reject, so a forgotten field throws instead of silently
+// meaning something. L0 below is original_max_positions.
+namespace scaling {
+
+// The plain schedule.
+struct None {};
+
+// Position interpolation: theta_p / factor.
+struct Linear {
+  double factor = 0.0;
+};
+
+// Static NTK-aware: base' = base * factor^(r/(r-2)).
+struct Ntk {
+  double factor = 0.0;
+};
+
+// Dynamic NTK: with L = max(seq_len, L0),
+// base' = base * (factor*L/L0 - (factor-1))^(r/(r-2)); the plain schedule
+// (bit for bit) whenever seq_len <= L0.
+struct DynamicNtk {
+  double factor = 0.0;
+  std::size_t original_max_positions = 0;
+};
+
+// YaRN: a ramp between interpolated (theta_p/factor) and original theta_p
+// over the pairs whose wavelength lies between L0/beta_fast and L0/beta_slow,
+// and attention factor g(factor, mscale)/g(factor, mscale_all_dim) (or
+// g(factor, 1)), g(s, m) = 1 if s <= 1 else 0.1*m*ln(s) + 1, unless
+// attention_factor is given.
+struct Yarn {
+  double factor = 0.0;
+  std::size_t original_max_positions = 0;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 1.0;
+  double mscale_all_dim = 0.0;
+  std::optional<double> attention_factor;
+  bool truncate = true;
+};
+
+// Llama 3: wavelengths below L0/high_freq_factor keep theta_p, those above
+// L0/low_freq_factor get theta_p/factor, and the band between is a linear
+// blend in L0/wavelength.
+struct Llama3 {
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  std::size_t original_max_positions = 8192;
+};
+
+// LongRoPE (Phi-3): theta_p = 1/(ext_p * base^(2p/r)), ext = long_factor when
+// seq_len > L0 else short_factor; attention factor
+// sqrt(1 + ln(max_positions/L0)/ln(L0)) when max_positions > L0, else 1.
+struct LongRope {
+  std::vector<double> short_factor, long_factor;  // r/2 values each
+  std::size_t original_max_positions = 0;
+  std::size_t max_positions = 0;
+};
+
+// Anything else: theta_p given directly.
+struct Custom {
+  std::vector<double> inv_freq;  // r/2 values
+  double attention_factor = 1.0;
+};
+
+}  // namespace scaling
+
+using Scaling = std::variant<scaling::None, scaling::Linear, scaling::Ntk, scaling::DynamicNtk,
+                             scaling::Yarn, scaling::Llama3, scaling::LongRope, scaling::Custom>;
+
 namespace detail {
+
+// Shortest text that reads back as the same double, so a message shows the
+// value the caller passed.
+inline std::string format_value(double v) {
+  std::ostringstream out;
+  out.precision(17);
+  out << v;
+  return out.str();
+}
+inline std::string format_value(std::size_t v) { return std::to_string(v); }
+
+[[noreturn]] inline void invalid(const std::string& field, const std::string& requirement,
+                                 const std::string& value) {
+  throw std::invalid_argument("rope::frequencies: " + field + " must be " + requirement + ", got " +
+                              value);
+}
 
 inline void check_rotary_dim(std::size_t rotary_dim) {
   if (rotary_dim == 0 || rotary_dim % 2 != 0) {
-    throw std::invalid_argument("rope::frequencies: rotary_dim must be even and positive, got " +
-                                std::to_string(rotary_dim));
+    invalid("rotary_dim", "even and positive", format_value(rotary_dim));
   }
 }
 
 inline void check_base(double base) {
-  if (!(base > 1.0) || !std::isfinite(base)) {
-    throw std::invalid_argument("rope::frequencies: base must be finite and > 1, got " +
-                                std::to_string(base));
-  }
+  if (!(base > 1.0) || !std::isfinite(base)) invalid("base", "finite and > 1", format_value(base));
 }
 
-// theta_p = base^(-2p/r), computed directly per p (no running product).
-// The exponent -2p/r is not a double in general, and pow magnifies its
-// rounding by ln(base) (~9 for 10^4): in double that costs up to 2 ulps.
-// Evaluated in long double and rounded once, theta_p is within half an ulp
-// plus the 2^-64 of the wider type on x86-64.
-inline std::vector<double> default_inv_freq(std::size_t rotary_dim, double base) {
-  std::vector<double> inv_freq(rotary_dim / 2);
+inline void check_positive(const char* field, double v) {
+  if (!(v > 0.0) || !std::isfinite(v)) invalid(field, "finite and > 0", format_value(v));
+}
+
+inline void check_finite(const char* field, double v) {
+  if (!std::isfinite(v)) invalid(field, "finite", format_value(v));
+}
+
+inline void check_positive(const char* field, std::size_t v) {
+  if (v == 0) invalid(field, "> 0", format_value(v));
+}
+
+// theta_p = base^(-2p/r) in long double. The exponent -2p/r is not a double
+// in general, and pow magnifies its rounding by ln(base) (~9 for 10^4): in
+// double that costs up to 2 ulps; in long double (x86-64) it is ~2^-60.
+inline std::vector<long double> schedule(std::size_t rotary_dim, long double base) {
+  std::vector<long double> inv_freq(rotary_dim / 2);
   for (std::size_t p = 0; p < inv_freq.size(); ++p) {
-    const long double exponent = -2.0L * static_cast<long double>(p) / static_cast<long double>(rotary_dim);
-    inv_freq[p] = static_cast<double>(std::pow(static_cast<long double>(base), exponent));
+    const long double exponent =
+        -2.0L * static_cast<long double>(p) / static_cast<long double>(rotary_dim);
+    inv_freq[p] = std::pow(base, exponent);
   }
   return inv_freq;
 }
 
+inline std::vector<double> round_once(const std::vector<long double>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+inline std::vector<double> default_inv_freq(std::size_t rotary_dim, double base) {
+  return round_once(schedule(rotary_dim, base));
+}
+
+// NTK stretches the base by a power r/(r-2), which needs r > 2.
+inline void check_ntk_rotary_dim(const char* variant, std::size_t rotary_dim) {
+  if (rotary_dim <= 2) {
+    invalid(std::string("rotary_dim (with ") + variant + ")", "> 2 (the exponent is r/(r-2))",
+            format_value(rotary_dim));
+  }
+}
+
+inline Frequencies ntk_base(std::size_t rotary_dim, long double base, long double stretch) {
+  const long double r = static_cast<long double>(rotary_dim);
+  const long double scaled = base * std::pow(stretch, r / (r - 2.0L));
+  return Frequencies{round_once(schedule(rotary_dim, scaled)), 1.0};
+}
+
+struct Scaler {
+  std::size_t rotary_dim;
+  double base;
+  std::size_t seq_len;
+
+  Frequencies operator()(const scaling::None&) const {
+    return Frequencies{default_inv_freq(rotary_dim, base), 1.0};
+  }
+
+  Frequencies operator()(const scaling::Linear& s) const {
+    check_positive("scaling::Linear::factor", s.factor);
+    auto inv = schedule(rotary_dim, base);
+    for (auto& v : inv) v /= static_cast<long double>(s.factor);
+    return Frequencies{round_once(inv), 1.0};
+  }
+
+  Frequencies operator()(const scaling::Ntk& s) const {
+    check_positive("scaling::Ntk::factor", s.factor);
+    check_ntk_rotary_dim("scaling::Ntk", rotary_dim);
+    return ntk_base(rotary_dim, base, s.factor);
+  }
+
+  Frequencies operator()(const scaling::DynamicNtk& s) const {
+    check_positive("scaling::DynamicNtk::factor", s.factor);
+    check_positive("scaling::DynamicNtk::original_max_positions", s.original_max_positions);
+    check_ntk_rotary_dim("scaling::DynamicNtk", rotary_dim);
+    // At or below L0 the stretch is exactly 1; returning the plain schedule
+    // avoids a stretch of 1 - ulp (a base below `base`) from rounding.
+    if (seq_len <= s.original_max_positions) return (*this)(scaling::None{});
+    const long double factor = s.factor;
+    const long double ratio = static_cast<long double>(seq_len) /
+                              static_cast<long double>(s.original_max_positions);
+    // factor*ratio - (factor-1) = 1 + factor*(ratio-1) > 1 for ratio > 1.
+    return ntk_base(rotary_dim, base, 1.0L + factor * (ratio - 1.0L));
+  }
+
+  static long double yarn_g(long double s, long double m) {
+    return s <= 1.0L ? 1.0L : 0.1L * m * std::log(s) + 1.0L;
+  }
+
+  Frequencies operator()(const scaling::Yarn& s) const {
+    check_positive("scaling::Yarn::factor", s.factor);
+    check_positive("scaling::Yarn::original_max_positions", s.original_max_positions);
+    check_positive("scaling::Yarn::beta_fast", s.beta_fast);
+    check_positive("scaling::Yarn::beta_slow", s.beta_slow);
+    check_finite("scaling::Yarn::mscale", s.mscale);
+    check_finite("scaling::Yarn::mscale_all_dim", s.mscale_all_dim);
+    if (s.attention_factor) check_positive("scaling::Yarn::attention_factor", *s.attention_factor);
+
+    const long double r = static_cast<long double>(rotary_dim);
+    const long double l0 = static_cast<long double>(s.original_max_positions);
+    const long double two_pi = 2.0L * 3.141592653589793238462643383279502884L;
+    // The (fractional) pair index whose wavelength 2*pi/theta_p is L0/n:
+    // pairs below it turn more than n times over the original length.
+    const auto correction = [&](long double n) {
+      return r * std::log(l0 / (two_pi * n)) / (2.0L * std::log(static_cast<long double>(base)));
+    };
+    long double lo = correction(s.beta_fast);
+    long double hi = correction(s.beta_slow);
+    if (s.truncate) {
+      lo = std::floor(lo);
+      hi = std::ceil(hi);
+    }
+    lo = std::max(lo, 0.0L);
+    hi = std::min(hi, r - 1.0L);
+    if (lo == hi) hi += 0.001L;  // keeps the ramp finite
+
+    const long double factor = s.factor;
+    auto inv = schedule(rotary_dim, base);
+    for (std::size_t p = 0; p < inv.size(); ++p) {
+      const long double ramp =
+          std::clamp((static_cast<long double>(p) - lo) / (hi - lo), 0.0L, 1.0L);
+      const long double extrapolation = 1.0L - ramp;
+      inv[p] = (inv[p] / factor) * (1.0L - extrapolation) + inv[p] * extrapolation;
+    }
+
+    double attention = 1.0;
+    if (s.attention_factor) {
+      attention = *s.attention_factor;
+    } else if (s.mscale != 0.0 && s.mscale_all_dim != 0.0) {
+      attention = static_cast<double>(yarn_g(factor, s.mscale) / yarn_g(factor, s.mscale_all_dim));
+    } else {
+      attention = static_cast<double>(yarn_g(factor, 1.0L));
+    }
+    check_positive("scaling::Yarn attention factor (from mscale, mscale_all_dim)", attention);
+    return Frequencies{round_once(inv), attention};
+  }
+
+  Frequencies operator()(const scaling::Llama3& s) const {
+    check_positive("scaling::Llama3::factor", s.factor);
+    check_positive("scaling::Llama3::low_freq_factor", s.low_freq_factor);
+    check_positive("scaling::Llama3::high_freq_factor", s.high_freq_factor);
+    check_positive("scaling::Llama3::original_max_positions", s.original_max_positions);
+    if (!(s.high_freq_factor > s.low_freq_factor)) {
+      invalid("scaling::Llama3::high_freq_factor", "> low_freq_factor (" +
+              format_value(s.low_freq_factor) + ")", format_value(s.high_freq_factor));
+    }
+    const long double factor = s.factor;
+    const long double low = s.low_freq_factor;
+    const long double high = s.high_freq_factor;
+    const long double l0 = static_cast<long double>(s.original_max_positions);
+    const long double two_pi = 2.0L * 3.141592653589793238462643383279502884L;
+    auto inv = schedule(rotary_dim, base);
+    for (auto& v : inv) {
+      const long double wavelength = two_pi / v;
+      if (wavelength < l0 / high) continue;
+      if (wavelength > l0 / low) {
+        v /= factor;
+      } else {
+        const long double smooth = (l0 / wavelength - low) / (high - low);
+        v = (1.0L - smooth) * v / factor + smooth * v;
+      }
+    }
+    return Frequencies{round_once(inv), 1.0};
+  }
+
+  void check_factors(const char* field, const std::vector<double>& f) const {
+    if (f.size() != rotary_dim / 2) {
+      invalid(std::string(field) + ".size()", "rotary_dim/2 = " + format_value(rotary_dim / 2),
+              format_value(f.size()));
+    }
+    for (std::size_t i = 0; i < f.size(); ++i) {
+      if (!(f[i] > 0.0) || !std::isfinite(f[i])) {
+        invalid(std::string(field) + "[" + std::to_string(i) + "]", "finite and > 0",
+                format_value(f[i]));
+      }
+    }
+  }
+
+  Frequencies operator()(const scaling::LongRope& s) const {
+    check_factors("scaling::LongRope::short_factor", s.short_factor);
+    check_factors("scaling::LongRope::long_factor", s.long_factor);
+    // ln(L0) divides the attention factor: L0 = 1 would make it infinite.
+    if (s.original_max_positions < 2) {
+      invalid("scaling::LongRope::original_max_positions", ">= 2",
+              format_value(s.original_max_positions));
+    }
+    check_positive("scaling::LongRope::max_positions", s.max_positions);
+    const auto& ext = seq_len > s.original_max_positions ? s.long_factor : s.short_factor;
+    auto inv = schedule(rotary_dim, base);
+    for (std::size_t p = 0; p < inv.size(); ++p) {
+      inv[p] /= static_cast<long double>(ext[p]);  // 1/(ext_p * base^(2p/r))
+    }
+    const long double l0 = static_cast<long double>(s.original_max_positions);
+    const long double ratio = static_cast<long double>(s.max_positions) / l0;
+    const long double attention =
+        ratio <= 1.0L ? 1.0L : std::sqrt(1.0L + std::log(ratio) / std::log(l0));
+    return Frequencies{round_once(inv), static_cast<double>(attention)};
+  }
+
+  Frequencies operator()(const scaling::Custom& s) const {
+    if (s.inv_freq.size() != rotary_dim / 2) {
+      invalid("scaling::Custom::inv_freq.size()", "rotary_dim/2 = " + format_value(rotary_dim / 2),
+              format_value(s.inv_freq.size()));
+    }
+    for (std::size_t i = 0; i < s.inv_freq.size(); ++i) {
+      if (!(s.inv_freq[i] >= 0.0) || !std::isfinite(s.inv_freq[i])) {
+        invalid("scaling::Custom::inv_freq[" + std::to_string(i) + "]", "finite and >= 0",
+                format_value(s.inv_freq[i]));
+      }
+    }
+    check_positive("scaling::Custom::attention_factor", s.attention_factor);
+    return Frequencies{s.inv_freq, s.attention_factor};
+  }
+};
+
 }  // namespace detail
 
-// The default schedule of RoFormer: theta_p = base^(-2p/rotary_dim).
-// Throws std::invalid_argument for an odd or zero rotary_dim or base <= 1.
-inline Frequencies frequencies(std::size_t rotary_dim, double base = 10000.0) {
+// theta_p for rotary_dim channels under `scaling`. seq_len is the number of
+// positions about to be used (the current sequence length): only DynamicNtk
+// and LongRope read it. Throws std::invalid_argument naming the field and
+// its value for an odd or zero rotary_dim, base <= 1, a factor <= 0, a length
+// of 0 or a factor vector of the wrong length.
+inline Frequencies frequencies(std::size_t rotary_dim, double base = 10000.0,
+                               const Scaling& scaling = {}, std::size_t seq_len = 0) {
   detail::check_rotary_dim(rotary_dim);
   detail::check_base(base);
-  return Frequencies{detail::default_inv_freq(rotary_dim, base), 1.0};
+  return std::visit(detail::Scaler{rotary_dim, base, seq_len}, scaling);
 }
 
 }  // namespace rope

@@ -4,26 +4,56 @@
 //   sin(m)[p] = attention_factor * sin(m * theta_p)
 //
 // Each angle m * theta_p is one double multiplication (never a running sum,
-// whose error grows with m), its cos/sin is taken in double, and the result
-// is rounded once to T. A float table is therefore within half an ulp of the
-// exact value plus ~1e-16 relative: under 2^-24 absolute at any position,
-// where angles accumulated in float are already off by ~1e-2 at m = 1e5.
+// whose error grows with m), its cos/sin is taken in double (xsimd batches of
+// double, see detail/sincos.hpp), and the result is rounded once to T; a row
+// equals rope::angles at the same position bit for bit. A float table is
+// therefore within half an ulp of the exact value plus ~1e-16 relative: under
+// 2^-24 * max(1, attention_factor) absolute at any position, where angles
+// accumulated in float are already off by ~1e-2 at m = 1e5.
 //
 // Layout: position m owns a block of rotary_dim values: rotary_dim/2 cosines,
 // then rotary_dim/2 sines, so one row kernel call touches one cache-friendly
 // block.
 #pragma once
 
-#include <cmath>
 #include <cstddef>
+#include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "detail/sincos.hpp"
 #include "frequencies.hpp"
 
 namespace rope {
+
+namespace detail {
+
+// Leaves new elements uninitialised: the constructor writes every entry, so
+// zero-filling a 64 MB table first would only add a pass over memory.
+template <class T>
+struct UninitializedAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = UninitializedAllocator<U>;
+  };
+  UninitializedAllocator() = default;
+  template <class U>
+  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible<U>::value) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
+}  // namespace detail
 
 template <class T = float>
 class Table {
@@ -44,12 +74,8 @@ class Table {
     data_.resize(positions * 2 * pairs_);
     for (std::size_t m = 0; m < positions; ++m) {
       T* c = data_.data() + m * 2 * pairs_;
-      T* s = c + pairs_;
-      for (std::size_t p = 0; p < pairs_; ++p) {
-        const double angle = static_cast<double>(m) * freqs.inv_freq[p];
-        c[p] = static_cast<T>(attention_factor_ * std::cos(angle));
-        s[p] = static_cast<T>(attention_factor_ * std::sin(angle));
-      }
+      detail::sincos_row<T>(freqs.inv_freq.data(), pairs_, static_cast<double>(m),
+                            attention_factor_, c, c + pairs_);
     }
   }
 
@@ -65,7 +91,7 @@ class Table {
   std::size_t pairs_;
   std::size_t positions_;
   double attention_factor_;
-  std::vector<T> data_;
+  std::vector<T, detail::UninitializedAllocator<T>> data_;
 };
 
 }  // namespace rope
