@@ -1,14 +1,32 @@
-// kernel/<pairing>/<simd|reference>/<shape> and kernel/-/memcpy/<shape>:
-// the row kernel applied to every head of every token of a [tokens, heads,
-// head_dim] tensor, out of place, next to a memcpy of the same bytes and the
-// scalar reference built with the same flags. Read the figures as ratios of
-// bytes per second from one run.
+// kernel/<pairing>/<variant>/<shape> and kernel/-/memcpy/<shape>: the row
+// kernel applied to every head of every token of a [tokens, heads, head_dim]
+// f32 tensor, next to a memcpy of the same bytes and the scalar reference
+// built with the same flags, so every figure is read as a ratio from one run.
+//
+// Variants: simd and reference (out of place, forward), simd_in_place,
+// reference_in_place, simd_inverse (out of place, Direction::inverse) and
+// simd_unaligned (out of place, both tensors 16 bytes off a cache line;
+// every other case is 64-byte aligned). Out of place with partial rotary also
+// copies the pass-through channels, so the output is the whole tensor, as a
+// memcpy's would be; in place leaves them alone.
+//
+// Counters, the same for every case of a shape: bytes = the tensor read once
+// and written once (2 x its size, whatever the variant touches), so bytes/s
+// ratios are time ratios; items = head vectors rotated, so 1e9 / items_per_second
+// is ns per head.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <new>
 #include <random>
 #include <string>
-#include <vector>
+#include <utility>
 
 #include <rope/kernels.hpp>
 #include <rope/reference.hpp>
@@ -18,53 +36,143 @@
 
 namespace {
 
+using rope::Direction;
 using rope::Style;
 using rope_bench::Shape;
 
-std::vector<float> random_tensor(std::size_t n) {
-  std::mt19937 gen(42);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
+// Buffers start on a 64-byte boundary (a cache line, one AVX-512 vector), as
+// the tensors of ML frameworks usually do; with head vectors of 64, 96 or 128
+// floats every row is then aligned too. The simd_unaligned variant shifts both
+// tensors by kUnalignedOffset floats to show what a misaligned tensor costs.
+constexpr std::size_t kAlignment = 64;
+constexpr std::size_t kUnalignedOffset = 4;  // 16 bytes: where malloc puts big blocks
 
-// Bytes a pass moves: every element read once and written once.
-void set_counters(benchmark::State& state, const Shape& shape) {
-  const auto n = static_cast<std::int64_t>(shape.elements());
-  state.SetBytesProcessed(state.iterations() * n * 2 * static_cast<std::int64_t>(sizeof(float)));
-  state.SetItemsProcessed(state.iterations() * n / 2);  // pairs rotated
-}
+struct FreeDeleter {
+  void operator()(float* p) const noexcept { std::free(p); }
+};
+
+class Buffer {
+ public:
+  // Room for n floats after an offset of up to kUnalignedOffset.
+  explicit Buffer(std::size_t n) : size_(n) {
+    const std::size_t bytes = (n + kUnalignedOffset) * sizeof(float);
+    const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+    data_.reset(static_cast<float*>(std::aligned_alloc(kAlignment, rounded)));
+    if (!data_) throw std::bad_alloc();
+    std::fill_n(data_.get(), n + kUnalignedOffset, 0.0f);
+  }
+  float* data() noexcept { return data_.get(); }
+  const float* data() const noexcept { return data_.get(); }
+  std::size_t size() const noexcept { return size_; }
+
+ private:
+  std::size_t size_;
+  std::unique_ptr<float[], FreeDeleter> data_;
+};
 
 enum class Impl { simd, reference };
+enum class Placement { out_of_place, in_place };
+
+struct Variant {
+  const char* name;
+  Impl impl;
+  Placement placement;
+  Direction dir;
+  std::size_t offset = 0;  // floats from the 64-byte boundary, input and output alike
+};
+
+constexpr Variant kSimd{"simd", Impl::simd, Placement::out_of_place, Direction::forward};
+constexpr Variant kReference{"reference", Impl::reference, Placement::out_of_place,
+                             Direction::forward};
+constexpr Variant kSimdInPlace{"simd_in_place", Impl::simd, Placement::in_place,
+                               Direction::forward};
+constexpr Variant kSimdInverse{"simd_inverse", Impl::simd, Placement::out_of_place,
+                               Direction::inverse};
+constexpr Variant kReferenceInPlace{"reference_in_place", Impl::reference, Placement::in_place,
+                                    Direction::forward};
+constexpr Variant kSimdUnaligned{"simd_unaligned", Impl::simd, Placement::out_of_place,
+                                 Direction::forward, kUnalignedOffset};
+
+// The inputs of the big shapes take a while to fill and Google Benchmark
+// calls a case several times while it sizes the run, so they are made once.
+const Buffer& input(const Shape& shape) {
+  static std::map<std::string, Buffer> cache;
+  auto it = cache.find(shape.name);
+  if (it == cache.end()) {
+    std::mt19937 gen(42);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    Buffer b(shape.elements());
+    for (std::size_t i = 0; i < shape.elements() + kUnalignedOffset; ++i) b.data()[i] = dist(gen);
+    it = cache.emplace(shape.name, std::move(b)).first;
+  }
+  return it->second;
+}
+
+const rope::Table<float>& table(std::size_t rotary_dim, std::size_t positions) {
+  static std::map<std::pair<std::size_t, std::size_t>, std::unique_ptr<rope::Table<float>>> cache;
+  auto& slot = cache[{rotary_dim, positions}];
+  if (!slot) slot = std::make_unique<rope::Table<float>>(rope::frequencies(rotary_dim), positions);
+  return *slot;
+}
+
+void set_counters(benchmark::State& state, const Shape& shape) {
+  const auto bytes = static_cast<std::int64_t>(shape.elements() * 2 * sizeof(float));
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(shape.rows()));
+}
+
+// Token t of the shape sits at position first_position + t of a table of
+// table_positions rows (0: just enough rows).
+struct Case {
+  Shape shape;
+  std::size_t first_position;
+  std::size_t table_positions;
+};
 
 template <Style S, Impl I>
-void rotate_tensor(benchmark::State& state, Shape shape) {
-  const rope::Table<float> table(rope::frequencies(shape.rotary_dim), shape.tokens);
-  const auto x = random_tensor(shape.elements());
-  std::vector<float> y(x.size());
+void rotate_tensor(benchmark::State& state, Case c, Variant v) {
+  const Shape& shape = c.shape;
+  const auto& t =
+      table(shape.rotary_dim, std::max(c.table_positions, c.first_position + shape.tokens));
+  const Buffer& in = input(shape);
+  // In place rotates its own copy of the input over and over: rotations keep
+  // the norm, so the values stay in range however many iterations run.
+  Buffer out(in.size());
+  if (v.placement == Placement::in_place) {
+    std::copy_n(in.data(), in.size() + kUnalignedOffset, out.data());
+  }
+  float* y = out.data() + v.offset;
+  const float* x = v.placement == Placement::in_place ? y : in.data() + v.offset;
+  const std::size_t d = shape.head_dim;
+  const std::size_t r = shape.rotary_dim;
+  const bool copy_rest = v.placement == Placement::out_of_place && r < d;
+  const Direction dir = v.dir;
   for (auto _ : state) {
-    for (std::size_t t = 0; t < shape.tokens; ++t) {
-      const float* cos = table.cos(t);
-      const float* sin = table.sin(t);
+    // The position is data, as in a decode step: the table row is looked up.
+    std::size_t first = c.first_position;
+    benchmark::DoNotOptimize(first);
+    for (std::size_t tok = 0; tok < shape.tokens; ++tok) {
+      const float* cos = t.cos(first + tok);
+      const float* sin = t.sin(first + tok);
       for (std::size_t h = 0; h < shape.heads; ++h) {
-        const std::size_t row = (t * shape.heads + h) * shape.head_dim;
-        if (I == Impl::simd) {
-          rope::rotate<S>(x.data() + row, y.data() + row, cos, sin, shape.rotary_dim);
+        const std::size_t row = (tok * shape.heads + h) * d;
+        if constexpr (I == Impl::simd) {
+          rope::rotate<S>(x + row, y + row, cos, sin, r, dir);
         } else {
-          rope::reference::rotate<S>(x.data() + row, y.data() + row, cos, sin, shape.rotary_dim);
+          rope::reference::rotate<S>(x + row, y + row, cos, sin, r, dir);
         }
+        if (copy_rest) std::memcpy(y + row + r, x + row + r, (d - r) * sizeof(float));
       }
     }
-    benchmark::DoNotOptimize(y.data());
+    benchmark::DoNotOptimize(y);
     benchmark::ClobberMemory();
   }
   set_counters(state, shape);
 }
 
 void copy_tensor(benchmark::State& state, Shape shape) {
-  const auto x = random_tensor(shape.elements());
-  std::vector<float> y(x.size());
+  const Buffer& x = input(shape);
+  Buffer y(x.size());
   for (auto _ : state) {
     std::memcpy(y.data(), x.data(), x.size() * sizeof(float));
     benchmark::DoNotOptimize(y.data());
@@ -74,22 +182,36 @@ void copy_tensor(benchmark::State& state, Shape shape) {
 }
 
 template <Style S>
-void register_style(const Shape& shape) {
-  const std::string style = rope::name(S);
-  benchmark::RegisterBenchmark(("kernel/" + style + "/simd/" + shape.name).c_str(),
-                               rotate_tensor<S, Impl::simd>, shape);
-  benchmark::RegisterBenchmark(("kernel/" + style + "/reference/" + shape.name).c_str(),
-                               rotate_tensor<S, Impl::reference>, shape);
+void register_variant(const Case& c, const Variant& v) {
+  const std::string name =
+      std::string("kernel/") + rope::name(S) + "/" + v.name + "/" + c.shape.name;
+  if (v.impl == Impl::simd) {
+    benchmark::RegisterBenchmark(name.c_str(), rotate_tensor<S, Impl::simd>, c, v);
+  } else {
+    benchmark::RegisterBenchmark(name.c_str(), rotate_tensor<S, Impl::reference>, c, v);
+  }
+}
+
+void register_shape(const Case& c, std::initializer_list<Variant> variants) {
+  for (const Variant& v : variants) register_variant<Style::rotate_half>(c, v);
+  for (const Variant& v : variants) register_variant<Style::block_diagonal>(c, v);
+  benchmark::RegisterBenchmark((std::string("kernel/-/memcpy/") + c.shape.name).c_str(),
+                               copy_tensor, c.shape);
 }
 
 const bool registered = [] {
-  for (const Shape& shape : {rope_bench::kL2Small, rope_bench::kEncoderSmall,
-                             rope_bench::kLlama3Prefill}) {
-    register_style<Style::rotate_half>(shape);
-    register_style<Style::block_diagonal>(shape);
-    benchmark::RegisterBenchmark((std::string("kernel/-/memcpy/") + shape.name).c_str(), copy_tensor,
-                                 shape);
-  }
+  // The architecture the kernels were compiled for, in the JSON's context.
+  benchmark::AddCustomContext("rope_simd_arch", xsimd::default_arch::name());
+  register_shape({rope_bench::kL2Small, 0, 0},
+                 {kSimd, kReference, kSimdInPlace, kReferenceInPlace, kSimdInverse,
+                  kSimdUnaligned});
+  register_shape({rope_bench::kEncoderSmall, 0, 0}, {kSimd, kReference, kSimdInPlace});
+  register_shape({rope_bench::kLlama3Prefill, 0, 0},
+                 {kSimd, kReference, kSimdInPlace, kSimdInverse, kSimdUnaligned});
+  register_shape({rope_bench::kNeox20bPartial, 0, 0}, {kSimd, kReference, kSimdInPlace});
+  register_shape({rope_bench::kLlama3Decode, rope_bench::kDecodePosition,
+                  rope_bench::kDecodeTablePositions},
+                 {kSimdInPlace, kReferenceInPlace});
   return true;
 }();
 

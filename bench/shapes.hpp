@@ -1,4 +1,8 @@
 // Tensor shapes of real models, shared by rope_bench's cases.
+//
+// A shape is a [tokens, heads, head_dim] tensor of contiguous head vectors
+// whose first rotary_dim channels are rotated; the rest pass through. Token t
+// sits at position t unless a case says otherwise (the decode step).
 #pragma once
 
 #include <cstddef>
@@ -13,13 +17,26 @@ struct Shape {
   std::size_t rotary_dim;
 
   std::size_t elements() const { return tokens * heads * head_dim; }
+  std::size_t rows() const { return tokens * heads; }
 };
 
-// Small enough to stay in L2 (256 KiB of f32): the kernel's own speed.
+// Small enough that input and output (2 x 256 KiB of f32) stay in L2: the
+// kernel's own speed, not the memory's.
 constexpr Shape kL2Small{"l2_small", 64, 8, 128, 128};
-// A small encoder: 512 tokens, 8 heads of 64.
+// A small encoder: 512 tokens, 8 heads of 64 (1 MiB of f32).
 constexpr Shape kEncoderSmall{"encoder_small", 512, 8, 64, 64};
-// Llama-3-8B prefill of 4096 tokens, the 32 query heads of 128 (64 MiB f32).
-constexpr Shape kLlama3Prefill{"llama3_8b_prefill", 4096, 32, 128, 128};
+// Llama-3-8B prefill of 4096 tokens: the 32 query heads and the 8 key heads
+// of 128, rotated as one [4096, 40, 128] tensor (80 MiB of f32), far past L2.
+constexpr Shape kLlama3Prefill{"llama3_8b_prefill", 4096, 40, 128, 128};
+constexpr std::size_t kLlama3QueryHeads = 32;
+constexpr std::size_t kLlama3KeyHeads = 8;
+// GPT-NeoX-20B: 64 heads of 96, rotary_dim 24 (25% partial rotary), 2048
+// tokens (its context length), 48 MiB of f32.
+constexpr Shape kNeox20bPartial{"neox20b_partial", 2048, 64, 96, 24};
+// One Llama-3-8B decode step: the 40 query and key heads of one token at
+// position kDecodePosition, looked up in a table of kDecodeTablePositions.
+constexpr Shape kLlama3Decode{"llama3_8b_decode", 1, 40, 128, 128};
+constexpr std::size_t kDecodePosition = 4000;
+constexpr std::size_t kDecodeTablePositions = 8192;
 
 }  // namespace rope_bench

@@ -1,0 +1,462 @@
+#!/usr/bin/env python3
+"""Reads rope_bench's JSON and prints the ratios that matter as Markdown.
+
+    python3 bench/report.py build/bench/rope_bench.json [--all] [--plot FILE] [--strict]
+
+Every figure is a ratio of two cases from the same run (same binary, same
+machine, same moment), so it says more than either absolute number. Each row
+with a target from the bench issue gets PASS or MISS. By default only the
+headline rows are printed (every target, one figure per question); --all
+prints every ratio. With matplotlib
+installed and attention cases in the run, it also writes a log-log PNG of
+attention time against sequence length (default: attention.png next to the
+JSON).
+
+Handles plain runs and runs with --benchmark_repetitions: the median
+aggregate is preferred, then the mean, then the median of the repetitions
+themselves. Needs only the Python 3 standard library.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import sys
+
+TIME_TO_NS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
+# Suffixes Google Benchmark appends to a name for options set in code
+# (/threads:N is kept: it names a different case).
+OPTION_SUFFIX = re.compile(r"/(repeats|min_time|min_warmup_time|iterations|real_time"
+                           r"|manual_time|process_time)(:[^/]*)?$")
+
+
+def base_name(name):
+    while True:
+        stripped = OPTION_SUFFIX.sub("", name)
+        if stripped == name:
+            return name
+        name = stripped
+
+
+def numeric_fields(entry):
+    """Times in ns and every numeric counter of one JSON entry."""
+    scale = TIME_TO_NS.get(entry.get("time_unit", "ns"), 1.0)
+    out = {}
+    for key, value in entry.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if key in ("real_time", "cpu_time"):
+            out[key] = value * scale
+        elif key not in ("iterations", "repetitions", "repetition_index", "threads",
+                         "family_index", "per_family_instance_index"):
+            out[key] = value
+    return out
+
+
+def load(path):
+    """Returns (context, {case name: {field: value}}, repetitions, {name: cv})."""
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    aggregates = {}   # name -> aggregate_name -> fields
+    variation = {}    # name -> coefficient of variation of the time, a fraction
+    iterations = {}   # name -> [fields, ...]
+    repetitions = 1
+    for entry in doc.get("benchmarks", []):
+        if entry.get("error_occurred"):
+            continue
+        name = base_name(entry.get("run_name") or entry.get("name", ""))
+        repetitions = max(repetitions, int(entry.get("repetitions", 1) or 1))
+        if entry.get("run_type") == "aggregate":
+            if entry.get("aggregate_unit", "time") != "time":
+                # The coefficient of variation: unitless, not scaled by time_unit.
+                if entry.get("aggregate_name") == "cv" and "cpu_time" in entry:
+                    variation[name] = float(entry["cpu_time"])
+                continue
+            aggregates.setdefault(name, {})[entry.get("aggregate_name")] = numeric_fields(entry)
+        else:
+            iterations.setdefault(name, []).append(numeric_fields(entry))
+    cases = {}  # in the order the bench registered them
+    for name in list(dict.fromkeys(list(iterations) + list(aggregates))):
+        agg = aggregates.get(name, {})
+        if "median" in agg:
+            cases[name] = agg["median"]
+        elif "mean" in agg:
+            cases[name] = agg["mean"]
+        else:
+            runs = iterations[name]
+            keys = set().union(*runs)
+            cases[name] = {k: statistics.median(r[k] for r in runs if k in r) for k in keys}
+    return doc.get("context", {}), cases, repetitions, variation
+
+
+class Report:
+    def __init__(self, cases):
+        self.cases = cases
+        self.rows = []  # (section, figure, shape, value text, target text, verdict)
+
+    def get(self, name):
+        return self.cases.get(name)
+
+    @staticmethod
+    def speed_ratio(a, b, basis):
+        """a's speed over b's: by bytes/s, items/s or time, the first both have."""
+        order = {"bytes": ("bytes_per_second", "items_per_second"),
+                 "items": ("items_per_second", "bytes_per_second"),
+                 "time": ()}[basis]
+        for key in order:
+            if a.get(key) and b.get(key):
+                return a[key] / b[key]
+        time = "real_time" if basis == "time" else "cpu_time"
+        if not (a.get(time) and b.get(time)):
+            time = "cpu_time" if time == "real_time" else "real_time"
+        if a.get(time) and b.get(time):
+            return b[time] / a[time]
+        return None
+
+    def add(self, section, figure, shape, value, target=None, fmt="{:.2f}x"):
+        text = "n/a" if value is None else fmt.format(value)
+        if target is None:
+            self.rows.append((section, figure, shape, text, "", ""))
+            return
+        describe, ok = target
+        verdict = "n/a" if value is None else ("PASS" if ok(value) else "MISS")
+        self.rows.append((section, figure, shape, text, describe, verdict))
+
+    def ratio(self, section, figure, shape, a, b, basis="items", target=None):
+        ca, cb = self.get(a), self.get(b)
+        if ca is None or cb is None:
+            return
+        self.add(section, figure, shape, self.speed_ratio(ca, cb, basis), target)
+
+
+def at_least(x):
+    return (">= {:g}x".format(x), lambda v: v >= x)
+
+
+def within(fraction):
+    return ("within {:.0%}".format(fraction), lambda v: abs(v - 1.0) <= fraction)
+
+
+def split(name):
+    """'family/a/b/.../shape' -> (family, [middle parts], shape)."""
+    parts = name.split("/")
+    if len(parts) < 3:
+        return None
+    return parts[0], parts[1:-1], parts[-1]
+
+
+def shapes_of(cases, family):
+    seen = []
+    for name in cases:
+        parts = split(name)
+        if parts and parts[0] == family and parts[2] not in seen:
+            seen.append(parts[2])
+    return seen
+
+
+KERNEL_STYLES = ("rotate_half", "block_diagonal")
+
+
+def kernel_rows(rep):
+    cases = rep.cases
+    shapes = shapes_of(cases, "kernel")
+    # 1. Bandwidth against memcpy of the same bytes.
+    for shape in shapes:
+        memcpy = "kernel/-/memcpy/" + shape
+        for style in KERNEL_STYLES:
+            for variant in ("simd", "simd_in_place", "simd_inverse", "simd_unaligned"):
+                target = None
+                if "prefill" in shape and variant == "simd":
+                    target = at_least(0.9)
+                elif "prefill" in shape and variant == "simd_in_place":
+                    target = at_least(1.3)
+                elif "decode" in shape and variant == "simd_in_place":
+                    target = at_least(1.0)
+                rep.ratio("bandwidth vs memcpy", "kernel {} {} / memcpy".format(style, variant),
+                          shape, "kernel/{}/{}/{}".format(style, variant, shape), memcpy,
+                          basis="bytes", target=target)
+    # 2. SIMD against the scalar reference built with the same flags.
+    for shape in shapes:
+        for style in KERNEL_STYLES:
+            for simd, ref in (("simd", "reference"), ("simd_in_place", "reference_in_place")):
+                target = at_least(2.0) if shape.startswith("l2") and simd == "simd" else None
+                rep.ratio("simd vs reference", "kernel {} {} / {}".format(style, simd, ref), shape,
+                          "kernel/{}/{}/{}".format(style, simd, shape),
+                          "kernel/{}/{}/{}".format(style, ref, shape), target=target)
+    # 3. The pairings against each other: speed of block_diagonal over rotate_half.
+    for shape in shapes:
+        for variant in ("simd", "simd_in_place"):
+            target = within(0.15) if shape.startswith("l2") and variant == "simd" else None
+            rep.ratio("pairings", "kernel block_diagonal / rotate_half ({})".format(variant), shape,
+                      "kernel/block_diagonal/{}/{}".format(variant, shape),
+                      "kernel/rotate_half/{}/{}".format(variant, shape), target=target)
+    # 4. Placement, direction and alignment, each against the plain simd case.
+    section = "placement, direction, alignment"
+    for shape in shapes:
+        for style in KERNEL_STYLES:
+            plain = "kernel/{}/simd/{}".format(style, shape)
+            for variant, figure in (("simd_in_place", "in place / out of place"),
+                                    ("simd_inverse", "inverse / forward"),
+                                    ("simd_unaligned", "unaligned / 64-byte aligned")):
+                rep.ratio(section, "kernel {} {}".format(style, figure), shape,
+                          "kernel/{}/{}/{}".format(style, variant, shape), plain)
+
+
+APPLY = re.compile(r"^apply/([^/]+)/([^/]+)/(t\d+)/([^/]+)$")
+
+
+def apply_memcpy(cases, dtype, threads, shape):
+    """The memcpy of the same bytes: per type and thread count if the run has one."""
+    for name in ("apply/-/memcpy/{}/{}_{}".format(threads, shape, dtype),
+                 "apply/-/memcpy/{}/{}".format(threads, shape),
+                 "apply/-/memcpy/" + shape):
+        if name in cases and (dtype == "f32" or name.endswith("_" + dtype)):
+            return name
+    return None
+
+
+def apply_rows(rep):
+    cases = rep.cases
+    runs = []
+    for name in cases:
+        m = APPLY.match(name)
+        if m and m.group(1) != "-":
+            runs.append(m.groups())  # (dtype, placement, threads, shape)
+    for dtype, placement, threads, shape in runs:
+        target = None
+        if dtype == "f32" and threads == "t1" and "prefill" in shape:
+            target = {"out_of_place": at_least(0.9), "in_place": at_least(1.3)}.get(placement)
+        elif dtype == "f32" and threads == "t1" and "decode" in shape and placement == "in_place":
+            target = at_least(1.0)
+        memcpy = apply_memcpy(cases, dtype, threads, shape)
+        if memcpy:
+            rep.ratio("bandwidth vs memcpy",
+                      "apply {} {} {} / memcpy".format(dtype, placement, threads), shape,
+                      "apply/{}/{}/{}/{}".format(dtype, placement, threads, shape), memcpy,
+                      basis="bytes", target=target)
+    for dtype, placement, threads, shape in runs:
+        name = "apply/{}/{}/{}/{}".format(dtype, placement, threads, shape)
+        out_of_place = "apply/{}/out_of_place/{}/{}".format(dtype, threads, shape)
+        if placement != "out_of_place":
+            rep.ratio("placement, direction, alignment",
+                      "apply {} {} {} / out_of_place".format(dtype, threads, placement), shape,
+                      name, out_of_place, basis="time")
+        if dtype == "bf16":
+            rep.ratio("bf16 vs f32", "apply bf16 / f32 {} {} (speed)".format(placement, threads),
+                      shape, name, "apply/f32/{}/{}/{}".format(placement, threads, shape),
+                      basis="time")
+        if threads != "t1":
+            rep.ratio("threads", "apply {} {} {} / t1".format(dtype, placement, threads), shape,
+                      name, "apply/{}/{}/t1/{}".format(dtype, placement, shape), basis="time")
+
+
+def case_time(name, case):
+    """ns per iteration: CPU time for the single-threaded kernel family (what its
+    rates use), wall time for the rest (threads, attention)."""
+    first, second = ("cpu_time", "real_time") if name.startswith("kernel/") else \
+        ("real_time", "cpu_time")
+    return case.get(first) or case.get(second)
+
+
+def decode_rows(rep):
+    """ns per step and per head of every decode case (items = heads)."""
+    for name in rep.cases:
+        parts = split(name)
+        if not parts or "decode" not in parts[2] or "memcpy" in parts[1]:
+            continue
+        case = rep.cases[name]
+        time = case_time(name, case)
+        label = "{} {}".format(parts[0], " ".join(parts[1]))
+        rep.add("decode step", label + ": ns per step", parts[2], time, fmt="{:.0f} ns")
+        items = case.get("items_per_second")
+        if items and parts[0] == "kernel":  # items = heads there
+            rep.add("decode step", label + ": ns per head", parts[2], 1e9 / items, fmt="{:.1f} ns")
+
+
+def table_rows(rep):
+    for shape in shapes_of(rep.cases, "table"):
+        scalar = "table/scalar/" + shape
+        for name in rep.cases:
+            parts = split(name)
+            if not parts or parts[0] != "table" or parts[2] != shape or name == scalar:
+                continue
+            variant = "/".join(parts[1])
+            target = at_least(3.0) if variant == "double_simd" else None
+            rep.ratio("table build", "table {} / scalar".format(variant), shape, name, scalar,
+                      target=target)
+
+
+ATTENTION = re.compile(r"^attention/([^/]+)/L(\d+)$")
+
+
+def attention_series(cases):
+    series = {}
+    for name, case in cases.items():
+        m = ATTENTION.match(name)
+        if m:
+            series.setdefault(m.group(1), []).append((int(m.group(2)), case))
+    for points in series.values():
+        points.sort(key=lambda p: p[0])
+    return series
+
+
+def attention_rows(rep, series):
+    for variant, points in sorted(series.items()):
+        for length, case in points:
+            time = case.get("real_time") or case.get("cpu_time")
+            rep.add("attention", "{}: ms".format(variant), "L{}".format(length),
+                    time / 1e6 if time else None, fmt="{:.3f} ms")
+            if case.get("GFLOP/s"):
+                rep.add("attention", "{}: GFLOP/s".format(variant), "L{}".format(length),
+                        case["GFLOP/s"], fmt="{:.1f}")
+        if len(points) >= 2:
+            (l0, c0), (l1, c1) = points[0], points[-1]
+            t0 = c0.get("real_time") or c0.get("cpu_time")
+            t1 = c1.get("real_time") or c1.get("cpu_time")
+            if t0 and t1 and l1 > l0:
+                rep.add("attention", "{}: time ~ L^k, k".format(variant),
+                        "L{}..L{}".format(l0, l1), math.log(t1 / t0) / math.log(l1 / l0),
+                        fmt="{:.2f}")
+
+
+def plot_attention(series, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker
+    except ImportError:
+        return "matplotlib is not installed: no plot written"
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for variant, points in sorted(series.items()):
+        xs = [length for length, _ in points]
+        ys = [(c.get("real_time") or c.get("cpu_time")) / 1e6 for _, c in points]
+        ax.plot(xs, ys, marker="o", label=variant)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length L (tokens)")
+    ax.set_ylabel("time per call (ms)")
+    ax.set_title("rope attention: time against length")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return "plot written to " + path
+
+
+def context_line(context, repetitions):
+    keys = (("cpu_model", "CPU {}"), ("host_name", "host {}"), ("num_cpus", "{} CPUs"),
+            ("mhz_per_cpu", "{} MHz"), ("rope_simd_arch", "rope SIMD arch {}"),
+            ("date", "run {}"))
+    parts = [fmt.format(context[k]) for k, fmt in keys if context.get(k) not in (None, "")]
+    caches = context.get("caches") or []
+    if caches:
+        parts.append("caches " + ", ".join(
+            "L{}{} {} KiB".format(c.get("level"), "d" if c.get("type") == "Data" else "",
+                                  c.get("size", 0) // 1024)
+            for c in caches if c.get("type") in ("Data", "Unified")))
+    stat = "median of {} repetitions".format(repetitions) if repetitions > 1 else "one repetition"
+    parts.append(stat)
+    return "; ".join(parts)
+
+
+def headline(row):
+    """The rows a reader decides by: every target, and one figure per question."""
+    section, figure, shape, _, target, _ = row
+    if target or section in ("table build", "attention"):
+        return True
+    big = "prefill" in shape
+    if section == "bandwidth vs memcpy":
+        return "neox" in shape and " simd" in figure and "unaligned" not in figure
+    if section == "simd vs reference":
+        return big or "decode" in shape
+    if section == "pairings":
+        return big
+    if section == "placement, direction, alignment":
+        return (big and figure.startswith("kernel rotate_half")) or \
+            (big and figure in ("apply f32 t1 in_place / out_of_place",
+                                "apply f32 t1 out_of_place_streaming / out_of_place")) or \
+            (figure.endswith("unaligned / 64-byte aligned") and shape.startswith("l2"))
+    if section == "bf16 vs f32":
+        return big and " t1 " in figure + " " and ("in_place" in figure or
+                                                  "out_of_place t1" in figure)
+    if section == "threads":
+        return big and figure.startswith("apply f32") and "cached" not in figure and \
+            "streaming" not in figure
+    if section == "decode step":
+        return figure.endswith("ns per head") or figure.startswith("apply f32 in_place t1")
+    return False
+
+
+def markdown(rows):
+    lines = ["| figure | shape | value | target | verdict |", "|---|---|---|---|---|"]
+    section = None
+    for sec, figure, shape, value, target, verdict in rows:
+        if sec != section:
+            lines.append("| **{}** | | | | |".format(sec))
+            section = sec
+        lines.append("| {} | {} | {} | {} | {} |".format(figure, shape, value, target, verdict))
+    return "\n".join(lines)
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("json", help="rope_bench --benchmark_out=FILE --benchmark_out_format=json")
+    parser.add_argument("--plot", help="PNG of attention time against length "
+                        "(default: attention.png next to the JSON)")
+    parser.add_argument("--all", action="store_true",
+                        help="every ratio, not only the headline rows and the targets")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    args = parser.parse_args(argv)
+
+    context, cases, repetitions, variation = load(args.json)
+    if not cases:
+        print("report.py: no benchmark results in " + args.json, file=sys.stderr)
+        return 1
+    rep = Report(cases)
+    kernel_rows(rep)
+    apply_rows(rep)
+    decode_rows(rep)
+    table_rows(rep)
+    series = attention_series(cases)
+    attention_rows(rep, series)
+
+    order = ["bandwidth vs memcpy", "simd vs reference", "pairings",
+             "placement, direction, alignment", "bf16 vs f32", "threads", "decode step",
+             "table build", "attention"]
+    rows = sorted(rep.rows, key=lambda r: order.index(r[0]))  # stable within a section
+    shown = rows if args.all else [r for r in rows if headline(r)]
+    print("rope_bench report: " + context_line(context, repetitions))
+    print()
+    print("Ratios (x) are the speed of the first case over the second, from this run; "
+          "bandwidth rows compare bytes/s. Decode and attention rows are times.")
+    print()
+    print(markdown(shown) if shown else "(no case this report knows about)")
+    if len(shown) < len(rows):
+        print()
+        print("{} more rows with --all.".format(len(rows) - len(shown)))
+    misses = sum(1 for r in rows if r[5] == "MISS")
+    passes = sum(1 for r in rows if r[5] == "PASS")
+    print()
+    print("targets: {} PASS, {} MISS".format(passes, misses))
+    noisy = sorted(name for name, cv in variation.items() if cv > 0.10)
+    if noisy:
+        print("{} of {} cases varied by more than 10% between repetitions (CPU time), "
+              "so their ratios are rough; a quieter machine gives steadier figures: {}".format(
+                  len(noisy), len(variation), ", ".join(noisy)))
+    if series:
+        plot = args.plot or os.path.join(os.path.dirname(os.path.abspath(args.json)),
+                                         "attention.png")
+        print(plot_attention(series, plot))
+    return 1 if args.strict and misses else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except BrokenPipeError:  # piped into head: the reader has what it wanted
+        sys.exit(0)
