@@ -1,5 +1,6 @@
 // kernel/<pairing>/<variant>/<shape> and kernel/-/memcpy/<shape>: the row
 // kernel applied to every head of every token of a [tokens, heads, head_dim]
+// (SIMD: rope::rotate_heads once per token; reference: one call per head)
 // f32 tensor, next to a memcpy of the same bytes and the scalar reference
 // built with the same flags, so every figure is read as a ratio from one run.
 //
@@ -154,14 +155,20 @@ void rotate_tensor(benchmark::State& state, Case c, Variant v) {
     for (std::size_t tok = 0; tok < shape.tokens; ++tok) {
       const float* cos = t.cos(first + tok);
       const float* sin = t.sin(first + tok);
-      for (std::size_t h = 0; h < shape.heads; ++h) {
-        const std::size_t row = (tok * shape.heads + h) * d;
-        if constexpr (I == Impl::simd) {
-          rope::rotate<S>(x + row, y + row, cos, sin, r, dir);
-        } else {
-          rope::reference::rotate<S>(x + row, y + row, cos, sin, r, dir);
+      const std::size_t token = tok * shape.heads * d;
+      if constexpr (I == Impl::simd) {
+        // All heads of the token share the row: prepared once, applied to each.
+        const auto stride = static_cast<std::ptrdiff_t>(d);
+        rope::rotate_heads<S>(x + token, stride, y + token, stride, shape.heads, cos, sin, r, dir);
+      } else {
+        for (std::size_t h = 0; h < shape.heads; ++h) {
+          rope::reference::rotate<S>(x + token + h * d, y + token + h * d, cos, sin, r, dir);
         }
-        if (copy_rest) std::memcpy(y + row + r, x + row + r, (d - r) * sizeof(float));
+      }
+      if (copy_rest) {
+        for (std::size_t h = 0; h < shape.heads; ++h) {
+          std::memcpy(y + token + h * d + r, x + token + h * d + r, (d - r) * sizeof(float));
+        }
       }
     }
     benchmark::DoNotOptimize(y);

@@ -14,7 +14,7 @@
 //
 // rotate_heads rotates every head of a token, all at the same position: the
 // cos/sin batches (and, for block_diagonal, their widening swizzles) are
-// prepared once per batch of pairs and applied to every head, so a head costs
+// prepared once per row and applied to every head in turn, so a head costs
 // its loads, stores and two fused multiply-adds per batch. rotate is the
 // one-head case. The last pairs of a row (fewer than one batch) run through
 // the same step on a zero-padded stack copy: the rounding of a pair never
@@ -50,6 +50,7 @@ struct Step<Style::rotate_half, Inverse, T, Arch> {
   static constexpr std::size_t kPairs = B::size;  // pairs per step
   B c, s;
 
+  Step() = default;
   Step(const T* cos, const T* sin) noexcept
       : c(B::load_unaligned(cos)),
         s(Inverse ? -B::load_unaligned(sin) : B::load_unaligned(sin)) {}
@@ -72,6 +73,7 @@ struct Step<Style::block_diagonal, Inverse, T, Arch> {
   static constexpr std::size_t kPairs = B::size;
   B c0, c1, s0, s1;
 
+  Step() = default;
   Step(const T* cos, const T* sin) noexcept {
     const B sign = alternating<T, Arch>(Inverse ? T(1) : T(-1), Inverse ? T(-1) : T(1));
     const B c = B::load_unaligned(cos);
@@ -123,19 +125,33 @@ ROPE_NOINLINE void rotate_tail(const T* x, std::ptrdiff_t x_stride, T* y, std::p
   }
 }
 
+// Steps are prepared for up to kBlockSteps batches of pairs at a time (all
+// of a head of up to 256 channels with AVX-512 floats), then every head runs
+// through them in order: each head's memory is walked front to back, as the
+// hardware prefetchers expect, and no head repeats the preparation.
+constexpr std::size_t kBlockSteps = 8;
+
 template <Style S, bool Inverse, class T, class Arch>
 inline void rotate_rows(const T* x, std::ptrdiff_t x_stride, T* y, std::ptrdiff_t y_stride,
                         std::size_t heads, const T* cos, const T* sin, std::size_t pairs) noexcept {
   using StepT = Step<S, Inverse, T, Arch>;
-  std::size_t p = 0;
-  for (; p + StepT::kPairs <= pairs; p += StepT::kPairs) {
-    const StepT step(cos + p, sin + p);
+  constexpr std::size_t n = StepT::kPairs;
+  const std::size_t full = pairs / n;  // whole steps in a row
+  for (std::size_t first = 0; first < full; first += kBlockSteps) {
+    const std::size_t count = std::min(kBlockSteps, full - first);
+    StepT block[kBlockSteps];
+    for (std::size_t i = 0; i < count; ++i) {
+      block[i] = StepT(cos + (first + i) * n, sin + (first + i) * n);
+    }
     for (std::size_t h = 0; h < heads; ++h) {
-      step.apply(x + static_cast<std::ptrdiff_t>(h) * x_stride,
-                 y + static_cast<std::ptrdiff_t>(h) * y_stride, p, pairs);
+      const T* xh = x + static_cast<std::ptrdiff_t>(h) * x_stride;
+      T* yh = y + static_cast<std::ptrdiff_t>(h) * y_stride;
+      for (std::size_t i = 0; i < count; ++i) block[i].apply(xh, yh, (first + i) * n, pairs);
     }
   }
-  if (p < pairs) rotate_tail<S, Inverse, T, Arch>(x, x_stride, y, y_stride, heads, cos, sin, p, pairs);
+  if (full * n < pairs) {
+    rotate_tail<S, Inverse, T, Arch>(x, x_stride, y, y_stride, heads, cos, sin, full * n, pairs);
+  }
 }
 
 }  // namespace detail
