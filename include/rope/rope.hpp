@@ -12,5 +12,7 @@
 #include "style.hpp"
 #include "frequencies.hpp"
 #include "table.hpp"
+#include "angles.hpp"
 #include "reference.hpp"
 #include "kernels.hpp"
+#include "apply.hpp"

@@ -1,0 +1,159 @@
+// rope's 16-bit storage types: widening exact for every bit pattern (against
+// the value written from the format's definition in long double), narrowing
+// to the nearest representable value with ties to even (checked against the
+// neighbours of the result), and agreement with Eigen's independent
+// conversions.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include <rope/half.hpp>
+
+namespace {
+
+float from_bits(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+std::uint32_t to_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// The value of a 16-bit pattern from the format's definition; the largest
+// pattern past the finite range (infinity) counts as the next power of two,
+// which is where round-to-nearest places the overflow threshold.
+struct Format {
+  int exponent_bits, mantissa_bits;
+  long double value(std::uint16_t b) const {
+    const int bias = (1 << (exponent_bits - 1)) - 1;
+    const unsigned e = (b >> mantissa_bits) & ((1u << exponent_bits) - 1);
+    const unsigned m = b & ((1u << mantissa_bits) - 1);
+    const long double sign = (b & 0x8000u) ? -1.0L : 1.0L;
+    if (e == (1u << exponent_bits) - 1) {
+      return m == 0 ? sign * std::ldexp(1.0L, bias + 1) : std::numeric_limits<long double>::quiet_NaN();
+    }
+    if (e == 0) return sign * std::ldexp(static_cast<long double>(m), 1 - bias - mantissa_bits);
+    return sign * std::ldexp(1.0L + std::ldexp(static_cast<long double>(m), -mantissa_bits),
+                             static_cast<int>(e) - bias);
+  }
+  bool is_nan(std::uint16_t b) const {
+    const unsigned e = (b >> mantissa_bits) & ((1u << exponent_bits) - 1);
+    return e == (1u << exponent_bits) - 1 && (b & ((1u << mantissa_bits) - 1)) != 0;
+  }
+};
+constexpr Format kBFloat16{8, 7};
+constexpr Format kFloat16{5, 10};
+
+template <class H>
+void expect_widening_exact(const Format& format) {
+  for (std::uint32_t b = 0; b <= 0xffff; ++b) {
+    const auto bits = static_cast<std::uint16_t>(b);
+    const float f = static_cast<float>(H::from_bits(bits));
+    if (format.is_nan(bits)) {
+      ASSERT_TRUE(std::isnan(f)) << std::hex << b;
+      ASSERT_TRUE(std::isnan(static_cast<float>(H(f)))) << "NaN must stay NaN " << std::hex << b;
+      continue;
+    }
+    const long double expected = format.value(bits);
+    if (std::isinf(f)) {
+      ASSERT_EQ(std::fabs(expected), std::ldexp(1.0L, format.exponent_bits == 8 ? 128 : 16)) << std::hex << b;
+    } else {
+      ASSERT_EQ(static_cast<long double>(f), expected) << std::hex << b;
+    }
+    ASSERT_EQ(H(f).bits, bits) << "round trip of " << std::hex << b;
+  }
+}
+
+TEST(Half, WideningIsExactAndRoundTripsForEveryPattern) {
+  expect_widening_exact<rope::BFloat16>(kBFloat16);
+  expect_widening_exact<rope::Float16>(kFloat16);
+}
+
+// r = H(f) is the nearest value: no neighbour pattern is closer, and a tie
+// goes to the even pattern.
+template <class H>
+void expect_nearest(float f, const Format& format) {
+  const std::uint16_t r = H(f).bits;
+  if (std::isnan(f)) {
+    ASSERT_TRUE(format.is_nan(r));
+    return;
+  }
+  const long double x = f;
+  const long double d = std::fabs(format.value(r) - x);
+  // Same-sign neighbours; patterns are sign-magnitude, so +-1 on the
+  // magnitude steps to the adjacent values.
+  const std::uint16_t magnitude = r & 0x7fffu;
+  for (int step : {-1, 1}) {
+    const int n = static_cast<int>(magnitude) + step;
+    if (n < 0) continue;
+    const auto neighbour = static_cast<std::uint16_t>((r & 0x8000u) | static_cast<unsigned>(n));
+    if (format.is_nan(neighbour)) continue;
+    const long double dn = std::fabs(format.value(neighbour) - x);
+    ASSERT_LE(d, dn) << f << " -> " << std::hex << r << " but " << neighbour << " is closer";
+    if (d == dn) {
+      ASSERT_EQ(r & 1u, 0u) << f << ": a tie must go to the even pattern";
+    }
+  }
+  if (magnitude == 0 && x != 0) {  // zero: the other sign's smallest value is no closer than +-0
+    ASSERT_LE(d, format.value(1));
+  }
+}
+
+TEST(Half, NarrowingRoundsToNearestEven) {
+  std::mt19937 gen(1);
+  std::uniform_int_distribution<std::uint32_t> bits;
+  std::vector<float> samples;
+  for (int i = 0; i < 2000000; ++i) samples.push_back(from_bits(bits(gen)));
+  for (std::uint64_t u = 0; u <= 0xffffffffu; u += 4099) samples.push_back(from_bits(static_cast<std::uint32_t>(u)));
+  // Exact ties and their neighbours around every 16-bit value in both formats.
+  for (std::uint32_t b = 0; b <= 0xffff; b += 7) {
+    const std::uint32_t u = b << 16;
+    for (std::uint32_t delta : {0x7fffu, 0x8000u, 0x8001u}) samples.push_back(from_bits(u + delta));
+    const float h = static_cast<float>(rope::Float16::from_bits(static_cast<std::uint16_t>(b)));
+    if (std::isfinite(h)) {
+      for (std::int32_t delta : {0x0fff, 0x1000, 0x1001, -0x1000}) {
+        samples.push_back(from_bits(static_cast<std::uint32_t>(static_cast<std::int64_t>(to_bits(h)) + delta)));
+      }
+    }
+  }
+  for (float f : {65504.0f, 65519.99f, 65520.0f, 1e30f, std::ldexp(1.0f, -24), std::ldexp(1.0f, -25),
+                  std::ldexp(3.0f, -26), std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min(),
+                  std::numeric_limits<float>::infinity(), -0.0f}) {
+    samples.push_back(f);
+    samples.push_back(-f);
+  }
+  for (float f : samples) {
+    expect_nearest<rope::BFloat16>(f, kBFloat16);
+    expect_nearest<rope::Float16>(f, kFloat16);
+  }
+}
+
+// Eigen's conversions are written independently (and use F16C where the
+// build enables it): both must agree with rope's bit for bit.
+TEST(Half, AgreesWithEigen) {
+  std::mt19937 gen(2);
+  std::uniform_int_distribution<std::uint32_t> bits;
+  for (int i = 0; i < 2000000; ++i) {
+    const float f = from_bits(bits(gen));
+    if (std::isnan(f)) continue;
+    const Eigen::bfloat16 eb(f);
+    const Eigen::half eh(f);
+    std::uint16_t b, h;
+    std::memcpy(&b, &eb, 2);
+    std::memcpy(&h, &eh, 2);
+    ASSERT_EQ(rope::BFloat16(f).bits, b) << f;
+    ASSERT_EQ(rope::Float16(f).bits, h) << f;
+  }
+}
+
+}  // namespace
