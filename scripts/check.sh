@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The reliability stages of CI, after scripts/test.sh:
+#   asan   g++, the whole suite under AddressSanitizer + UndefinedBehaviorSanitizer
+#   clang  clang++, the whole suite under ASan + UBSan, warnings as errors
+#   tsan   g++, the concurrency tests under ThreadSanitizer
+#   fuzz   clang++ libFuzzer target, run for ROPE_FUZZ_SECONDS (default 60)
+#
+#   scripts/check.sh            all four, in that order
+#   scripts/check.sh tsan fuzz  only those
+# Build directories: build/<stage>. Each stage prints its wall time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(asan clang tsan fuzz)
+
+bash scripts/deps.sh cmake ninja-build g++ clang libclang-rt-14-dev libxsimd-dev libeigen3-dev \
+  libgtest-dev libbenchmark-dev
+
+jobs="${ROPE_JOBS:-2}"
+fuzz_seconds="${ROPE_FUZZ_SECONDS:-60}"
+
+run_stage() {
+  local stage="$1" start=$SECONDS
+  echo "=== rope check: $stage"
+  case "$stage" in
+    asan|clang|tsan)
+      cmake --preset "$stage" >/dev/null
+      cmake --build --preset "$stage" -j "$jobs"
+      ctest --preset "$stage"
+      ;;
+    fuzz)
+      cmake --preset fuzz >/dev/null
+      cmake --build --preset fuzz -j "$jobs"
+      # Work on a copy: the fuzzer adds every input that finds new coverage
+      # to its first corpus directory, and the checked-in corpus stays short.
+      local work=build/fuzz/corpus
+      rm -rf "$work" && mkdir -p "$work"
+      cp tests/fuzz/corpus/* "$work"/
+      ./build/fuzz/tests/fuzz/rope_fuzz "$work" -max_total_time="$fuzz_seconds" -timeout=10 \
+        -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=build/fuzz/
+      ;;
+    *)
+      echo "unknown stage '$stage' (asan, clang, tsan, fuzz)" >&2
+      exit 2
+      ;;
+  esac
+  echo "=== rope check: $stage passed in $((SECONDS - start)) s"
+}
+
+for stage in "${stages[@]}"; do run_stage "$stage"; done

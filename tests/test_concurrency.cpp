@@ -1,0 +1,173 @@
+// Many threads sharing one const rope::Table (and one Frequencies), each
+// rotating its own tensors with the SIMD kernels, rope::apply and
+// rope::apply_qk (themselves split over worker threads), computing rows
+// with rope::angles and building tables of their own: every result is bit
+// for bit the single-threaded one. The tsan preset runs this file under
+// ThreadSanitizer, which fails the run on any data race.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <rope/angles.hpp>
+#include <rope/apply.hpp>
+#include <rope/frequencies.hpp>
+#include <rope/kernels.hpp>
+#include <rope/table.hpp>
+
+#include "support.hpp"
+
+namespace {
+
+using rope::Direction;
+using rope::Style;
+
+constexpr std::size_t kThreads = 8;
+constexpr std::size_t kRotaryDim = 96;  // 48 pairs: a SIMD body and a tail
+constexpr std::size_t kHeadDim = 100;
+constexpr std::size_t kTokens = 64;
+constexpr std::size_t kHeads = 4;
+constexpr std::size_t kPositions = 2048;
+
+// Thread i's positions: its own pattern, so threads read different rows of
+// the shared table at the same time (and some the same rows).
+std::size_t position_of(std::size_t thread, std::size_t token) {
+  return (thread * 997 + token * 31 + (token % 3 == 0 ? kPositions - 1 : 0)) % kPositions;
+}
+
+template <class T>
+std::vector<T> rotate_tensor(const rope::Table<T>& table, std::size_t thread, Direction dir) {
+  auto x = rope_test::random_vector<T>(kTokens * kHeads * kHeadDim, static_cast<std::uint32_t>(thread + 1));
+  for (std::size_t t = 0; t < kTokens; ++t) {
+    const std::size_t m = position_of(thread, t);
+    for (std::size_t h = 0; h < kHeads; ++h) {
+      T* row = x.data() + (t * kHeads + h) * kHeadDim;
+      if (h % 2 == 0) {
+        rope::rotate<Style::rotate_half>(row, row, table.cos(m), table.sin(m), kRotaryDim, dir);
+      } else {
+        rope::rotate<Style::block_diagonal>(row, row, table.cos(m), table.sin(m), kRotaryDim, dir);
+      }
+    }
+  }
+  return x;
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+template <class T>
+void run_shared_table_test() {
+  const rope::Table<T> table(rope::frequencies(kRotaryDim, 500000.0), kPositions);
+  std::vector<std::vector<T>> expected(kThreads);
+  for (std::size_t i = 0; i < kThreads; ++i) {
+    expected[i] = rotate_tensor(table, i, i % 2 ? Direction::inverse : Direction::forward);
+  }
+
+  std::vector<std::vector<T>> got(kThreads);
+  std::atomic<std::size_t> ready{0};
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      // Start together, so the reads of the shared table overlap.
+      ready.fetch_add(1);
+      while (ready.load() < kThreads) std::this_thread::yield();
+      got[i] = rotate_tensor(table, i, i % 2 ? Direction::inverse : Direction::forward);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (std::size_t i = 0; i < kThreads; ++i) EXPECT_TRUE(same_bits(got[i], expected[i])) << "thread " << i;
+}
+
+TEST(Concurrency, ThreadsRotatingWithOneSharedFloatTable) { run_shared_table_test<float>(); }
+TEST(Concurrency, ThreadsRotatingWithOneSharedDoubleTable) { run_shared_table_test<double>(); }
+
+// Building tables, computing frequencies and on-the-fly rows read only the
+// shared const Frequencies: equal to the single-threaded results.
+TEST(Concurrency, ThreadsBuildingTablesAndAnglesFromSharedFrequencies) {
+  const auto freqs = rope::frequencies(kRotaryDim, 10000.0, rope::scaling::Linear{4.0});
+  const rope::Table<float> reference(freqs, 256);
+  std::vector<int> ok(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      const rope::Table<float> mine(freqs, 256);
+      bool same = true;
+      std::vector<float> cos(kRotaryDim / 2), sin(kRotaryDim / 2);
+      for (std::size_t m = i; m < 256; m += 3) {
+        same = same && std::memcmp(mine.cos(m), reference.cos(m), kRotaryDim * sizeof(float)) == 0;
+        rope::angles<float>(freqs, m, cos.data(), sin.data());
+        same = same && std::memcmp(cos.data(), reference.cos(m), cos.size() * sizeof(float)) == 0 &&
+               std::memcmp(sin.data(), reference.sin(m), sin.size() * sizeof(float)) == 0;
+      }
+      const auto again = rope::frequencies(kRotaryDim, 10000.0, rope::scaling::Linear{4.0});
+      same = same && again.inv_freq == freqs.inv_freq;
+      ok[i] = same ? 1 : 0;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (std::size_t i = 0; i < kThreads; ++i) EXPECT_EQ(ok[i], 1) << "thread " << i;
+}
+
+
+// rope::apply_qk from many threads at once on one shared table, each call
+// also splitting its tokens over options.threads workers, and rope::apply
+// out of place reading one shared const input: equal to the same calls made
+// one at a time with one thread.
+TEST(Concurrency, ApplyFromManyThreadsWithOneSharedTable) {
+  const rope::Table<float> table(rope::frequencies(kRotaryDim, 10000.0), kPositions);
+  constexpr std::size_t kKvHeads = 2;
+  const auto shared_input = rope_test::random_vector<float>(kTokens * kHeads * kHeadDim, 4242u);
+  struct Work {
+    std::vector<float> q, k, out;
+    std::vector<std::int64_t> positions;
+  };
+  const auto make_work = [&](std::size_t i) {
+    Work w;
+    w.q = rope_test::random_vector<float>(kTokens * kHeads * kHeadDim, static_cast<std::uint32_t>(100 + i));
+    w.k = rope_test::random_vector<float>(kTokens * kKvHeads * kHeadDim, static_cast<std::uint32_t>(200 + i));
+    w.out.assign(kTokens * kHeads * kHeadDim, 0.0f);
+    for (std::size_t t = 0; t < kTokens; ++t) w.positions.push_back(static_cast<std::int64_t>(position_of(i, t)));
+    return w;
+  };
+  const auto run = [&](Work& w, std::size_t i, std::size_t threads) {
+    rope::Options o;
+    o.threads = threads;
+    o.direction = i % 2 ? Direction::inverse : Direction::forward;
+    const Style style = i % 3 ? Style::rotate_half : Style::block_diagonal;
+    rope::apply_qk(rope::View<float>::token_major(w.q.data(), kTokens, kHeads, kHeadDim),
+                   rope::View<float>::token_major(w.k.data(), kTokens, kKvHeads, kHeadDim), table, style,
+                   w.positions.data(), o);
+    rope::apply<float>(rope::View<const float>::token_major(shared_input.data(), kTokens, kHeads, kHeadDim),
+                       rope::View<float>::token_major(w.out.data(), kTokens, kHeads, kHeadDim), table, style,
+                       w.positions.data(), o);
+  };
+
+  std::vector<Work> expected, got;
+  for (std::size_t i = 0; i < kThreads; ++i) {
+    expected.push_back(make_work(i));
+    run(expected.back(), i, 1);
+    got.push_back(make_work(i));
+  }
+  std::atomic<std::size_t> ready{0};
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      ready.fetch_add(1);
+      while (ready.load() < kThreads) std::this_thread::yield();
+      run(got[i], i, 1 + i % 3);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (std::size_t i = 0; i < kThreads; ++i) {
+    EXPECT_TRUE(same_bits(got[i].q, expected[i].q)) << "q of thread " << i;
+    EXPECT_TRUE(same_bits(got[i].k, expected[i].k)) << "k of thread " << i;
+    EXPECT_TRUE(same_bits(got[i].out, expected[i].out)) << "out of thread " << i;
+  }
+}
+
+}  // namespace
