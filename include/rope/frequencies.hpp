@@ -356,7 +356,17 @@ inline Frequencies frequencies(std::size_t rotary_dim, double base = 10000.0,
                                const Scaling& scaling = {}, std::size_t seq_len = 0) {
   detail::check_rotary_dim(rotary_dim);
   detail::check_base(base);
-  return std::visit(detail::Scaler{rotary_dim, base, seq_len}, scaling);
+  Frequencies f = std::visit(detail::Scaler{rotary_dim, base, seq_len}, scaling);
+  // Each field can be valid alone and still overflow together (a factor of
+  // 1e-310 divides theta_0 = 1 into infinity): no table may see that.
+  for (std::size_t p = 0; p < f.inv_freq.size(); ++p) {
+    if (!std::isfinite(f.inv_freq[p])) {
+      detail::invalid("scaling (factor of variant " + std::to_string(scaling.index()) + ")",
+                      "small enough to keep every inv_freq finite",
+                      "inv_freq[" + std::to_string(p) + "] = " + detail::format_value(f.inv_freq[p]));
+    }
+  }
+  return f;
 }
 
 }  // namespace rope

@@ -71,6 +71,10 @@ class Table {
     if (pairs_ == 0) {
       throw std::invalid_argument("rope::Table: freqs.inv_freq is empty");
     }
+    if (positions > data_.max_size() / (2 * pairs_)) {
+      throw std::invalid_argument("rope::Table: positions = " + std::to_string(positions) +
+                                  " rows of " + std::to_string(2 * pairs_) + " values exceed memory");
+    }
     data_.resize(positions * 2 * pairs_);
     for (std::size_t m = 0; m < positions; ++m) {
       T* c = data_.data() + m * 2 * pairs_;
