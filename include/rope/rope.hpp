@@ -4,8 +4,9 @@
 // position m by m * theta_p, theta_p = base^(-2p/d). Rotations compose, so
 // <R_m q, R_n k> = <q, R_(n-m) k>: only relative offsets reach attention.
 //
-// An engine that wants only the kernels and tables includes
-// <rope/kernels.hpp> and <rope/table.hpp>, which need xsimd alone.
+// An engine that wants only the kernels, tables and tensor API includes
+// <rope/kernels.hpp>, <rope/table.hpp> or <rope/apply.hpp>, which need xsimd
+// alone; Eigen enters only through <rope/attention.hpp>.
 #pragma once
 
 #include "version.hpp"
@@ -16,3 +17,4 @@
 #include "reference.hpp"
 #include "kernels.hpp"
 #include "apply.hpp"
+#include "attention.hpp"

@@ -1,0 +1,152 @@
+// Oracles of the attention tests, written from the math in long double and
+// independent of rope::attention: RoPE of one vector from the exact angles,
+// naive softmax attention, and the quadratic forms of linear attention.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <rope/attention.hpp>
+#include <rope/frequencies.hpp>
+#include <rope/style.hpp>
+
+namespace attention_test {
+
+using LD = long double;
+using Mat = std::vector<std::vector<LD>>;  // row per token
+
+template <class T>
+rope::attention::Matrix<T> random_matrix(std::size_t rows, std::size_t cols, std::uint32_t seed, double scale = 1.0) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<double> dist(0.0, scale);
+  rope::attention::Matrix<T> m(static_cast<Eigen::Index>(rows), static_cast<Eigen::Index>(cols));
+  for (Eigen::Index i = 0; i < m.rows(); ++i) {
+    for (Eigen::Index j = 0; j < m.cols(); ++j) m(i, j) = static_cast<T>(dist(gen));
+  }
+  return m;
+}
+
+template <class Derived>
+Mat to_ld(const Eigen::MatrixBase<Derived>& x) {
+  Mat m(static_cast<std::size_t>(x.rows()), std::vector<LD>(static_cast<std::size_t>(x.cols())));
+  for (Eigen::Index i = 0; i < x.rows(); ++i) {
+    for (Eigen::Index j = 0; j < x.cols(); ++j) m[i][j] = static_cast<LD>(x(i, j));
+  }
+  return m;
+}
+
+inline std::vector<std::int64_t> iota_positions(std::size_t n) {
+  std::vector<std::int64_t> p(n);
+  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<std::int64_t>(i);
+  return p;
+}
+
+inline std::vector<std::int64_t> random_positions(std::size_t n, std::int64_t limit, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<std::int64_t> dist(0, limit - 1);
+  std::vector<std::int64_t> p(n);
+  for (auto& x : p) x = dist(gen);
+  return p;
+}
+
+// RoPE of x at position p (any integer, negative too) from the angles
+// p * inv_freq[t], over the first 2 * inv_freq.size() channels.
+inline std::vector<LD> rotate(const std::vector<LD>& x, const std::vector<double>& inv_freq, rope::Style style,
+                              LD position) {
+  std::vector<LD> y = x;
+  const std::size_t r = 2 * inv_freq.size();
+  for (std::size_t p = 0; p < inv_freq.size(); ++p) {
+    const std::size_t a = style == rope::Style::rotate_half ? p : 2 * p;
+    const std::size_t b = style == rope::Style::rotate_half ? p + r / 2 : 2 * p + 1;
+    const LD angle = position * static_cast<LD>(inv_freq[p]);
+    const LD c = std::cos(angle), s = std::sin(angle);
+    y[a] = x[a] * c - x[b] * s;
+    y[b] = x[b] * c + x[a] * s;
+  }
+  return y;
+}
+
+inline LD dot(const std::vector<LD>& a, const std::vector<LD>& b) {
+  LD s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Naive softmax attention with the scores of E5: q_i . R_(pk_j - pq_i) k_j * scale
+// (freqs empty: no rotation); causal masks pk_j > pq_i. A query with no
+// visible key gives a zero row.
+inline Mat naive_softmax(const Mat& q, const Mat& k, const Mat& v, const std::vector<double>& inv_freq,
+                         rope::Style style, const std::vector<std::int64_t>& pq, const std::vector<std::int64_t>& pk,
+                         LD scale, bool causal) {
+  Mat out(q.size(), std::vector<LD>(v[0].size(), 0));
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    std::vector<LD> s(k.size(), -std::numeric_limits<LD>::infinity());
+    LD top = -std::numeric_limits<LD>::infinity();
+    for (std::size_t j = 0; j < k.size(); ++j) {
+      if (causal && pk[j] > pq[i]) continue;
+      const auto kr = inv_freq.empty() ? k[j] : rotate(k[j], inv_freq, style, LD(pk[j] - pq[i]));
+      s[j] = dot(q[i], kr) * scale;
+      top = std::max(top, s[j]);
+    }
+    if (top == -std::numeric_limits<LD>::infinity()) continue;
+    LD sum = 0;
+    for (std::size_t j = 0; j < k.size(); ++j) {
+      const LD w = std::exp(s[j] - top);
+      sum += w;
+      for (std::size_t c = 0; c < v[j].size(); ++c) out[i][c] += w * v[j][c];
+    }
+    for (auto& x : out[i]) x /= sum;
+  }
+  return out;
+}
+
+inline LD guard(LD r, LD delta) { return std::fabs(r) <= delta ? r + 2 * delta : r; }
+
+// out = (N V) / g(rowsum(D)), N_ij = qn_i . kn_j, D_ij = qd_i . kd_j, tril'd when causal.
+inline Mat quadratic(const Mat& qn, const Mat& qd, const Mat& kn, const Mat& kd, const Mat& v, bool causal,
+                     LD delta = 1e-6L) {
+  Mat out(qn.size(), std::vector<LD>(v[0].size(), 0));
+  for (std::size_t i = 0; i < qn.size(); ++i) {
+    LD den = 0;
+    for (std::size_t j = 0; j < kn.size(); ++j) {
+      if (causal && j > i) break;
+      const LD n = dot(qn[i], kn[j]);
+      den += dot(qd[i], kd[j]);
+      for (std::size_t c = 0; c < v[j].size(); ++c) out[i][c] += n * v[j][c];
+    }
+    for (auto& x : out[i]) x /= guard(den, delta);
+  }
+  return out;
+}
+
+// max |got - want| / max |want|: the relative error of a whole output.
+template <class Derived>
+double relative_error(const Eigen::MatrixBase<Derived>& got, const Mat& want) {
+  LD err = 0, mag = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    for (std::size_t c = 0; c < want[i].size(); ++c) {
+      err = std::max(err, std::fabs(static_cast<LD>(got(static_cast<Eigen::Index>(i), static_cast<Eigen::Index>(c))) -
+                                    want[i][c]));
+      mag = std::max(mag, std::fabs(want[i][c]));
+    }
+  }
+  return static_cast<double>(err / mag);
+}
+
+template <class A, class B>
+double relative_error(const Eigen::MatrixBase<A>& got, const Eigen::MatrixBase<B>& want) {
+  return relative_error(got, to_ld(want));
+}
+
+// Tolerance of an exact oracle: rel. 1e-12 in double, 1e-5 in float.
+template <class T>
+constexpr double exact_tolerance() {
+  return std::is_same<T, double>::value ? 1e-12 : 1e-5;
+}
+
+}  // namespace attention_test
