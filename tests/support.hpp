@@ -8,6 +8,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include <rope/frequencies.hpp>
@@ -15,6 +17,15 @@
 #include <rope/style.hpp>
 
 namespace rope_test {
+
+// Names the instances of a typed test over float and double; passing a name
+// generator is also what clang's -Wpedantic asks of TYPED_TEST_SUITE.
+struct ScalarNames {
+  template <class T>
+  static std::string GetName(int) {
+    return std::is_same<T, float>::value ? "float" : "double";
+  }
+};
 
 template <class T>
 std::vector<T> random_vector(std::size_t n, std::uint32_t seed, double scale = 1.0) {

@@ -15,6 +15,7 @@
 #include <rope/table.hpp>
 
 #include "attention_oracle.hpp"
+#include "support.hpp"
 
 namespace {
 
@@ -33,14 +34,7 @@ constexpr Style kStyles[] = {Style::rotate_half, Style::block_diagonal};
 template <class T>
 class LinearTyped : public ::testing::Test {};
 using Scalars = ::testing::Types<float, double>;
-class ScalarNames {
- public:
-  template <class T>
-  static std::string GetName(int) {
-    return std::is_same<T, float>::value ? "float" : "double";
-  }
-};
-TYPED_TEST_SUITE(LinearTyped, Scalars, ScalarNames);
+TYPED_TEST_SUITE(LinearTyped, Scalars, rope_test::ScalarNames);
 
 // Positive features with a spread of magnitudes: elu+1 of Gaussian inputs.
 template <class T>

@@ -16,6 +16,7 @@
 #include <rope/table.hpp>
 
 #include "attention_oracle.hpp"
+#include "support.hpp"
 
 namespace {
 
@@ -30,14 +31,7 @@ constexpr Style kStyles[] = {Style::rotate_half, Style::block_diagonal};
 template <class T>
 class SoftmaxTyped : public ::testing::Test {};
 using Scalars = ::testing::Types<float, double>;
-class ScalarNames {
- public:
-  template <class T>
-  static std::string GetName(int) {
-    return std::is_same<T, float>::value ? "float" : "double";
-  }
-};
-TYPED_TEST_SUITE(SoftmaxTyped, Scalars, ScalarNames);
+TYPED_TEST_SUITE(SoftmaxTyped, Scalars, rope_test::ScalarNames);
 
 // E5: blockwise softmax with RoPE equals the naive softmax of the relative
 // scores, for every block size, causal or not, with random positions.

@@ -27,13 +27,7 @@ using rope_test::Guarded;
 template <class T>
 class Kernels : public ::testing::Test {};
 using ElementTypes = ::testing::Types<float, double>;
-struct ElementTypeNames {
-  template <class T>
-  static std::string GetName(int) {
-    return std::is_same<T, float>::value ? "float" : "double";
-  }
-};
-TYPED_TEST_SUITE(Kernels, ElementTypes, ElementTypeNames);
+TYPED_TEST_SUITE(Kernels, ElementTypes, rope_test::ScalarNames);
 
 template <class F>
 void for_each_style(F&& f) {

@@ -30,15 +30,7 @@ using rope::Style;
 template <class T>
 class NonFinite : public ::testing::Test {};
 using ElementTypes = ::testing::Types<float, double>;
-// Named types; the name generator is also the third macro argument clang's
-// -Wpedantic wants.
-struct ElementTypeNames {
-  template <class T>
-  static std::string GetName(int) {
-    return std::is_same<T, float>::value ? "float" : "double";
-  }
-};
-TYPED_TEST_SUITE(NonFinite, ElementTypes, ElementTypeNames);
+TYPED_TEST_SUITE(NonFinite, ElementTypes, rope_test::ScalarNames);
 
 enum class Kind { nan, plus_inf, minus_inf, finite };
 Kind kind_of(double v) {
