@@ -24,13 +24,6 @@ if(ROPE_BUILD_FUZZ AND NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
 endif()
 
 if(ROPE_BUILD_FUZZ OR ROPE_BUILD_TESTS)
-  if(NOT TARGET rope_warnings)
-    # The fuzz preset alone builds no tests, bench or examples, which own
-    # these warnings otherwise.
-    option(ROPE_WERROR "Treat warnings in rope's tests, bench and examples as errors" OFF)
-    add_library(rope_warnings INTERFACE)
-    target_compile_options(rope_warnings INTERFACE -Wall -Wextra -Wpedantic $<$<BOOL:${ROPE_WERROR}>:-Werror>)
-  endif()
   if(ROPE_BUILD_TESTS)
     enable_testing()
   endif()
