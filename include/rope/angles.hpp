@@ -15,6 +15,7 @@
 #include <string>
 #include <type_traits>
 
+#include "detail/error.hpp"
 #include "detail/sincos.hpp"
 #include "frequencies.hpp"
 
@@ -30,13 +31,11 @@ template <class T>
 void angles(const Frequencies& freqs, std::size_t position, T* cos_out, T* sin_out) {
   static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
                 "rope::angles<T>: T must be float or double");
-  if (freqs.inv_freq.empty()) throw std::invalid_argument("rope::angles: freqs.inv_freq is empty");
-  if (cos_out == nullptr) throw std::invalid_argument("rope::angles: cos_out is null");
-  if (sin_out == nullptr) throw std::invalid_argument("rope::angles: sin_out is null");
-  if (position > kMaxExactPosition) {
-    throw std::out_of_range("rope::angles: position must be <= 2^53, got " +
-                            std::to_string(position));
-  }
+  const char* fn = "rope::angles";
+  if (freqs.inv_freq.empty()) detail::fail(fn, "freqs.inv_freq", "non-empty", "empty");
+  if (cos_out == nullptr) detail::fail(fn, "cos_out", "non-null", nullptr);
+  if (sin_out == nullptr) detail::fail(fn, "sin_out", "non-null", nullptr);
+  if (position > kMaxExactPosition) detail::fail<std::out_of_range>(fn, "position", "<= 2^53", position);
   detail::sincos_row<T>(freqs.inv_freq.data(), freqs.inv_freq.size(),
                         static_cast<double>(position), freqs.attention_factor, cos_out, sin_out);
 }

@@ -17,11 +17,12 @@
 #include <cstddef>
 #include <limits>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <variant>
 #include <vector>
+
+#include "detail/error.hpp"
 
 namespace rope {
 
@@ -106,42 +107,40 @@ using Scaling = std::variant<scaling::None, scaling::Linear, scaling::Ntk, scali
 
 namespace detail {
 
-// Shortest text that reads back as the same double, so a message shows the
-// value the caller passed.
-inline std::string format_value(double v) {
-  std::ostringstream out;
-  out.precision(17);
-  out << v;
-  return out.str();
+[[noreturn]] inline void invalid(const std::string& field, const std::string& requirement, double value) {
+  fail("rope::frequencies", field, requirement, value);
 }
-inline std::string format_value(std::size_t v) { return std::to_string(v); }
-
-[[noreturn]] inline void invalid(const std::string& field, const std::string& requirement,
-                                 const std::string& value) {
-  throw std::invalid_argument("rope::frequencies: " + field + " must be " + requirement + ", got " +
-                              value);
+[[noreturn]] inline void invalid(const std::string& field, const std::string& requirement, std::size_t value) {
+  fail("rope::frequencies", field, requirement, value);
 }
 
 inline void check_rotary_dim(std::size_t rotary_dim) {
-  if (rotary_dim == 0 || rotary_dim % 2 != 0) {
-    invalid("rotary_dim", "even and positive", format_value(rotary_dim));
-  }
+  if (rotary_dim == 0 || rotary_dim % 2 != 0) invalid("rotary_dim", "even and positive", rotary_dim);
 }
 
 inline void check_base(double base) {
-  if (!(base > 1.0) || !std::isfinite(base)) invalid("base", "finite and > 1", format_value(base));
+  if (!(base > 1.0) || !std::isfinite(base)) invalid("base", "finite and > 1", base);
 }
 
 inline void check_positive(const char* field, double v) {
-  if (!(v > 0.0) || !std::isfinite(v)) invalid(field, "finite and > 0", format_value(v));
+  if (!(v > 0.0) || !std::isfinite(v)) invalid(field, "finite and > 0", v);
 }
 
 inline void check_finite(const char* field, double v) {
-  if (!std::isfinite(v)) invalid(field, "finite", format_value(v));
+  if (!std::isfinite(v)) invalid(field, "finite", v);
 }
 
 inline void check_positive(const char* field, std::size_t v) {
-  if (v == 0) invalid(field, "> 0", format_value(v));
+  if (v == 0) invalid(field, "> 0", v);
+}
+
+inline void check_factors(const char* field, const std::vector<double>& f, std::size_t rotary_dim) {
+  if (f.size() != rotary_dim / 2) {
+    invalid(std::string(field) + ".size()", "rotary_dim/2 = " + to_text(rotary_dim / 2), f.size());
+  }
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    if (!(f[i] > 0.0) || !std::isfinite(f[i])) invalid(indexed(field, i), "finite and > 0", f[i]);
+  }
 }
 
 // theta_p = base^(-2p/r) in long double. The exponent -2p/r is not a double
@@ -157,193 +156,183 @@ inline std::vector<long double> schedule(std::size_t rotary_dim, long double bas
   return inv_freq;
 }
 
-inline std::vector<double> round_once(const std::vector<long double>& v) {
-  return std::vector<double>(v.begin(), v.end());
+// Rounds the long double schedule once to double. A divisor that is valid
+// alone can still overflow a theta (a factor of 1e-310 divides theta_0 = 1
+// into infinity): no table may see that, so the field that divided is named.
+inline std::vector<double> round_once(const std::vector<long double>& v, const char* divisor_field = nullptr,
+                                      double divisor = 0.0) {
+  std::vector<double> out(v.begin(), v.end());
+  for (std::size_t p = 0; p < out.size(); ++p) {
+    if (!std::isfinite(out[p])) {
+      fail("rope::frequencies", divisor_field ? divisor_field : "scaling",
+           "large enough to keep every inv_freq finite (inv_freq[" + to_text(p) + "] = " + to_text(out[p]) + ")",
+           divisor);
+    }
+  }
+  return out;
 }
 
-inline std::vector<double> default_inv_freq(std::size_t rotary_dim, double base) {
-  return round_once(schedule(rotary_dim, base));
+constexpr long double kTwoPi = 2.0L * 3.141592653589793238462643383279502884L;
+
+// The arguments every variant shares.
+struct Schedule {
+  std::size_t rotary_dim;
+  double base;
+  std::size_t seq_len;
+};
+
+inline Frequencies scale(const scaling::None&, const Schedule& c) {
+  return Frequencies{round_once(schedule(c.rotary_dim, c.base)), 1.0};
+}
+
+inline Frequencies scale(const scaling::Linear& s, const Schedule& c) {
+  check_positive("scaling::Linear::factor", s.factor);
+  auto inv = schedule(c.rotary_dim, c.base);
+  for (auto& v : inv) v /= static_cast<long double>(s.factor);
+  return Frequencies{round_once(inv, "scaling::Linear::factor", s.factor), 1.0};
 }
 
 // NTK stretches the base by a power r/(r-2), which needs r > 2.
-inline void check_ntk_rotary_dim(const char* variant, std::size_t rotary_dim) {
+inline Frequencies ntk_base(const char* variant, std::size_t rotary_dim, long double base, long double stretch) {
   if (rotary_dim <= 2) {
-    invalid(std::string("rotary_dim (with ") + variant + ")", "> 2 (the exponent is r/(r-2))",
-            format_value(rotary_dim));
+    invalid(std::string("rotary_dim (with ") + variant + ")", "> 2 (the exponent is r/(r-2))", rotary_dim);
   }
-}
-
-inline Frequencies ntk_base(std::size_t rotary_dim, long double base, long double stretch) {
   const long double r = static_cast<long double>(rotary_dim);
   const long double scaled = base * std::pow(stretch, r / (r - 2.0L));
   return Frequencies{round_once(schedule(rotary_dim, scaled)), 1.0};
 }
 
-struct Scaler {
-  std::size_t rotary_dim;
-  double base;
-  std::size_t seq_len;
+inline Frequencies scale(const scaling::Ntk& s, const Schedule& c) {
+  check_positive("scaling::Ntk::factor", s.factor);
+  return ntk_base("scaling::Ntk", c.rotary_dim, c.base, s.factor);
+}
 
-  Frequencies operator()(const scaling::None&) const {
-    return Frequencies{default_inv_freq(rotary_dim, base), 1.0};
+inline Frequencies scale(const scaling::DynamicNtk& s, const Schedule& c) {
+  check_positive("scaling::DynamicNtk::factor", s.factor);
+  check_positive("scaling::DynamicNtk::original_max_positions", s.original_max_positions);
+  // At or below L0 the stretch is exactly 1; the plain schedule avoids a
+  // stretch of 1 - ulp (a base below `base`) from rounding.
+  const long double ratio =
+      static_cast<long double>(c.seq_len) / static_cast<long double>(s.original_max_positions);
+  const long double stretch = c.seq_len <= s.original_max_positions ? 1.0L : 1.0L + s.factor * (ratio - 1.0L);
+  if (c.rotary_dim > 2 && stretch == 1.0L) return scale(scaling::None{}, c);
+  // factor*ratio - (factor-1) = 1 + factor*(ratio-1) > 1 for ratio > 1.
+  return ntk_base("scaling::DynamicNtk", c.rotary_dim, c.base, stretch);
+}
+
+// g(s, m) = 1 if s <= 1 else 0.1 m ln(s) + 1: YaRN's attention temperature.
+inline long double yarn_g(long double s, long double m) { return s <= 1.0L ? 1.0L : 0.1L * m * std::log(s) + 1.0L; }
+
+inline Frequencies scale(const scaling::Yarn& s, const Schedule& c) {
+  check_positive("scaling::Yarn::factor", s.factor);
+  check_positive("scaling::Yarn::original_max_positions", s.original_max_positions);
+  check_positive("scaling::Yarn::beta_fast", s.beta_fast);
+  check_positive("scaling::Yarn::beta_slow", s.beta_slow);
+  check_finite("scaling::Yarn::mscale", s.mscale);
+  check_finite("scaling::Yarn::mscale_all_dim", s.mscale_all_dim);
+  if (s.attention_factor) check_positive("scaling::Yarn::attention_factor", *s.attention_factor);
+
+  const long double r = static_cast<long double>(c.rotary_dim);
+  const long double l0 = static_cast<long double>(s.original_max_positions);
+  // The (fractional) pair index whose wavelength 2*pi/theta_p is L0/n:
+  // pairs below it turn more than n times over the original length.
+  const auto correction = [&](long double n) {
+    return r * std::log(l0 / (kTwoPi * n)) / (2.0L * std::log(static_cast<long double>(c.base)));
+  };
+  long double lo = correction(s.beta_fast);
+  long double hi = correction(s.beta_slow);
+  if (s.truncate) {
+    lo = std::floor(lo);
+    hi = std::ceil(hi);
+  }
+  lo = std::max(lo, 0.0L);
+  hi = std::min(hi, r - 1.0L);
+  if (lo == hi) hi += 0.001L;  // keeps the ramp finite
+
+  const long double factor = s.factor;
+  auto inv = schedule(c.rotary_dim, c.base);
+  for (std::size_t p = 0; p < inv.size(); ++p) {
+    const long double ramp = std::clamp((static_cast<long double>(p) - lo) / (hi - lo), 0.0L, 1.0L);
+    const long double extrapolation = 1.0L - ramp;
+    inv[p] = (inv[p] / factor) * (1.0L - extrapolation) + inv[p] * extrapolation;
   }
 
-  Frequencies operator()(const scaling::Linear& s) const {
-    check_positive("scaling::Linear::factor", s.factor);
-    auto inv = schedule(rotary_dim, base);
-    for (auto& v : inv) v /= static_cast<long double>(s.factor);
-    return Frequencies{round_once(inv), 1.0};
+  double attention = 1.0;
+  if (s.attention_factor) {
+    attention = *s.attention_factor;
+  } else if (s.mscale != 0.0 && s.mscale_all_dim != 0.0) {
+    attention = static_cast<double>(yarn_g(factor, s.mscale) / yarn_g(factor, s.mscale_all_dim));
+  } else {
+    attention = static_cast<double>(yarn_g(factor, 1.0L));
   }
-
-  Frequencies operator()(const scaling::Ntk& s) const {
-    check_positive("scaling::Ntk::factor", s.factor);
-    check_ntk_rotary_dim("scaling::Ntk", rotary_dim);
-    return ntk_base(rotary_dim, base, s.factor);
+  if (!(attention > 0.0) || !std::isfinite(attention)) {
+    invalid("scaling::Yarn::mscale (the attention factor g(factor, mscale) / g(factor, mscale_all_dim))",
+            "a value that keeps the attention factor finite and > 0", s.mscale);
   }
+  return Frequencies{round_once(inv, "scaling::Yarn::factor", s.factor), attention};
+}
 
-  Frequencies operator()(const scaling::DynamicNtk& s) const {
-    check_positive("scaling::DynamicNtk::factor", s.factor);
-    check_positive("scaling::DynamicNtk::original_max_positions", s.original_max_positions);
-    check_ntk_rotary_dim("scaling::DynamicNtk", rotary_dim);
-    // At or below L0 the stretch is exactly 1; returning the plain schedule
-    // avoids a stretch of 1 - ulp (a base below `base`) from rounding.
-    if (seq_len <= s.original_max_positions) return (*this)(scaling::None{});
-    const long double factor = s.factor;
-    const long double ratio = static_cast<long double>(seq_len) /
-                              static_cast<long double>(s.original_max_positions);
-    // factor*ratio - (factor-1) = 1 + factor*(ratio-1) > 1 for ratio > 1.
-    return ntk_base(rotary_dim, base, 1.0L + factor * (ratio - 1.0L));
+inline Frequencies scale(const scaling::Llama3& s, const Schedule& c) {
+  check_positive("scaling::Llama3::factor", s.factor);
+  check_positive("scaling::Llama3::low_freq_factor", s.low_freq_factor);
+  check_positive("scaling::Llama3::high_freq_factor", s.high_freq_factor);
+  check_positive("scaling::Llama3::original_max_positions", s.original_max_positions);
+  if (!(s.high_freq_factor > s.low_freq_factor)) {
+    invalid("scaling::Llama3::high_freq_factor", "> low_freq_factor (" + to_text(s.low_freq_factor) + ")",
+            s.high_freq_factor);
   }
-
-  static long double yarn_g(long double s, long double m) {
-    return s <= 1.0L ? 1.0L : 0.1L * m * std::log(s) + 1.0L;
-  }
-
-  Frequencies operator()(const scaling::Yarn& s) const {
-    check_positive("scaling::Yarn::factor", s.factor);
-    check_positive("scaling::Yarn::original_max_positions", s.original_max_positions);
-    check_positive("scaling::Yarn::beta_fast", s.beta_fast);
-    check_positive("scaling::Yarn::beta_slow", s.beta_slow);
-    check_finite("scaling::Yarn::mscale", s.mscale);
-    check_finite("scaling::Yarn::mscale_all_dim", s.mscale_all_dim);
-    if (s.attention_factor) check_positive("scaling::Yarn::attention_factor", *s.attention_factor);
-
-    const long double r = static_cast<long double>(rotary_dim);
-    const long double l0 = static_cast<long double>(s.original_max_positions);
-    const long double two_pi = 2.0L * 3.141592653589793238462643383279502884L;
-    // The (fractional) pair index whose wavelength 2*pi/theta_p is L0/n:
-    // pairs below it turn more than n times over the original length.
-    const auto correction = [&](long double n) {
-      return r * std::log(l0 / (two_pi * n)) / (2.0L * std::log(static_cast<long double>(base)));
-    };
-    long double lo = correction(s.beta_fast);
-    long double hi = correction(s.beta_slow);
-    if (s.truncate) {
-      lo = std::floor(lo);
-      hi = std::ceil(hi);
-    }
-    lo = std::max(lo, 0.0L);
-    hi = std::min(hi, r - 1.0L);
-    if (lo == hi) hi += 0.001L;  // keeps the ramp finite
-
-    const long double factor = s.factor;
-    auto inv = schedule(rotary_dim, base);
-    for (std::size_t p = 0; p < inv.size(); ++p) {
-      const long double ramp =
-          std::clamp((static_cast<long double>(p) - lo) / (hi - lo), 0.0L, 1.0L);
-      const long double extrapolation = 1.0L - ramp;
-      inv[p] = (inv[p] / factor) * (1.0L - extrapolation) + inv[p] * extrapolation;
-    }
-
-    double attention = 1.0;
-    if (s.attention_factor) {
-      attention = *s.attention_factor;
-    } else if (s.mscale != 0.0 && s.mscale_all_dim != 0.0) {
-      attention = static_cast<double>(yarn_g(factor, s.mscale) / yarn_g(factor, s.mscale_all_dim));
+  const long double factor = s.factor;
+  const long double low = s.low_freq_factor;
+  const long double high = s.high_freq_factor;
+  const long double l0 = static_cast<long double>(s.original_max_positions);
+  auto inv = schedule(c.rotary_dim, c.base);
+  for (auto& v : inv) {
+    const long double wavelength = kTwoPi / v;
+    if (wavelength < l0 / high) continue;
+    if (wavelength > l0 / low) {
+      v /= factor;
     } else {
-      attention = static_cast<double>(yarn_g(factor, 1.0L));
+      const long double smooth = (l0 / wavelength - low) / (high - low);
+      v = (1.0L - smooth) * v / factor + smooth * v;
     }
-    check_positive("scaling::Yarn attention factor (from mscale, mscale_all_dim)", attention);
-    return Frequencies{round_once(inv), attention};
   }
+  return Frequencies{round_once(inv, "scaling::Llama3::factor", s.factor), 1.0};
+}
 
-  Frequencies operator()(const scaling::Llama3& s) const {
-    check_positive("scaling::Llama3::factor", s.factor);
-    check_positive("scaling::Llama3::low_freq_factor", s.low_freq_factor);
-    check_positive("scaling::Llama3::high_freq_factor", s.high_freq_factor);
-    check_positive("scaling::Llama3::original_max_positions", s.original_max_positions);
-    if (!(s.high_freq_factor > s.low_freq_factor)) {
-      invalid("scaling::Llama3::high_freq_factor", "> low_freq_factor (" +
-              format_value(s.low_freq_factor) + ")", format_value(s.high_freq_factor));
-    }
-    const long double factor = s.factor;
-    const long double low = s.low_freq_factor;
-    const long double high = s.high_freq_factor;
-    const long double l0 = static_cast<long double>(s.original_max_positions);
-    const long double two_pi = 2.0L * 3.141592653589793238462643383279502884L;
-    auto inv = schedule(rotary_dim, base);
-    for (auto& v : inv) {
-      const long double wavelength = two_pi / v;
-      if (wavelength < l0 / high) continue;
-      if (wavelength > l0 / low) {
-        v /= factor;
-      } else {
-        const long double smooth = (l0 / wavelength - low) / (high - low);
-        v = (1.0L - smooth) * v / factor + smooth * v;
-      }
-    }
-    return Frequencies{round_once(inv), 1.0};
+inline Frequencies scale(const scaling::LongRope& s, const Schedule& c) {
+  check_factors("scaling::LongRope::short_factor", s.short_factor, c.rotary_dim);
+  check_factors("scaling::LongRope::long_factor", s.long_factor, c.rotary_dim);
+  // ln(L0) divides the attention factor: L0 = 1 would make it infinite.
+  if (s.original_max_positions < 2) {
+    invalid("scaling::LongRope::original_max_positions", ">= 2", s.original_max_positions);
   }
+  check_positive("scaling::LongRope::max_positions", s.max_positions);
+  const bool long_context = c.seq_len > s.original_max_positions;
+  const auto& ext = long_context ? s.long_factor : s.short_factor;
+  auto inv = schedule(c.rotary_dim, c.base);
+  for (std::size_t p = 0; p < inv.size(); ++p) {
+    inv[p] /= static_cast<long double>(ext[p]);  // 1/(ext_p * base^(2p/r))
+  }
+  const long double l0 = static_cast<long double>(s.original_max_positions);
+  const long double ratio = static_cast<long double>(s.max_positions) / l0;
+  const long double attention = ratio <= 1.0L ? 1.0L : std::sqrt(1.0L + std::log(ratio) / std::log(l0));
+  const char* field = long_context ? "scaling::LongRope::long_factor" : "scaling::LongRope::short_factor";
+  const auto smallest = *std::min_element(ext.begin(), ext.end());
+  return Frequencies{round_once(inv, field, smallest), static_cast<double>(attention)};
+}
 
-  void check_factors(const char* field, const std::vector<double>& f) const {
-    if (f.size() != rotary_dim / 2) {
-      invalid(std::string(field) + ".size()", "rotary_dim/2 = " + format_value(rotary_dim / 2),
-              format_value(f.size()));
-    }
-    for (std::size_t i = 0; i < f.size(); ++i) {
-      if (!(f[i] > 0.0) || !std::isfinite(f[i])) {
-        invalid(std::string(field) + "[" + std::to_string(i) + "]", "finite and > 0",
-                format_value(f[i]));
-      }
+inline Frequencies scale(const scaling::Custom& s, const Schedule& c) {
+  if (s.inv_freq.size() != c.rotary_dim / 2) {
+    invalid("scaling::Custom::inv_freq.size()", "rotary_dim/2 = " + to_text(c.rotary_dim / 2), s.inv_freq.size());
+  }
+  for (std::size_t i = 0; i < s.inv_freq.size(); ++i) {
+    if (!(s.inv_freq[i] >= 0.0) || !std::isfinite(s.inv_freq[i])) {
+      invalid(indexed("scaling::Custom::inv_freq", i), "finite and >= 0", s.inv_freq[i]);
     }
   }
-
-  Frequencies operator()(const scaling::LongRope& s) const {
-    check_factors("scaling::LongRope::short_factor", s.short_factor);
-    check_factors("scaling::LongRope::long_factor", s.long_factor);
-    // ln(L0) divides the attention factor: L0 = 1 would make it infinite.
-    if (s.original_max_positions < 2) {
-      invalid("scaling::LongRope::original_max_positions", ">= 2",
-              format_value(s.original_max_positions));
-    }
-    check_positive("scaling::LongRope::max_positions", s.max_positions);
-    const auto& ext = seq_len > s.original_max_positions ? s.long_factor : s.short_factor;
-    auto inv = schedule(rotary_dim, base);
-    for (std::size_t p = 0; p < inv.size(); ++p) {
-      inv[p] /= static_cast<long double>(ext[p]);  // 1/(ext_p * base^(2p/r))
-    }
-    const long double l0 = static_cast<long double>(s.original_max_positions);
-    const long double ratio = static_cast<long double>(s.max_positions) / l0;
-    const long double attention =
-        ratio <= 1.0L ? 1.0L : std::sqrt(1.0L + std::log(ratio) / std::log(l0));
-    return Frequencies{round_once(inv), static_cast<double>(attention)};
-  }
-
-  Frequencies operator()(const scaling::Custom& s) const {
-    if (s.inv_freq.size() != rotary_dim / 2) {
-      invalid("scaling::Custom::inv_freq.size()", "rotary_dim/2 = " + format_value(rotary_dim / 2),
-              format_value(s.inv_freq.size()));
-    }
-    for (std::size_t i = 0; i < s.inv_freq.size(); ++i) {
-      if (!(s.inv_freq[i] >= 0.0) || !std::isfinite(s.inv_freq[i])) {
-        invalid("scaling::Custom::inv_freq[" + std::to_string(i) + "]", "finite and >= 0",
-                format_value(s.inv_freq[i]));
-      }
-    }
-    check_positive("scaling::Custom::attention_factor", s.attention_factor);
-    return Frequencies{s.inv_freq, s.attention_factor};
-  }
-};
+  check_positive("scaling::Custom::attention_factor", s.attention_factor);
+  return Frequencies{s.inv_freq, s.attention_factor};
+}
 
 }  // namespace detail
 
@@ -351,21 +340,29 @@ struct Scaler {
 // positions about to be used (the current sequence length): only DynamicNtk
 // and LongRope read it. Throws std::invalid_argument naming the field and
 // its value for an odd or zero rotary_dim, base <= 1, a factor <= 0, a length
-// of 0 or a factor vector of the wrong length.
+// of 0, a factor vector of the wrong length, or a factor so small that a
+// theta overflows.
 inline Frequencies frequencies(std::size_t rotary_dim, double base = 10000.0,
                                const Scaling& scaling = {}, std::size_t seq_len = 0) {
   detail::check_rotary_dim(rotary_dim);
   detail::check_base(base);
-  Frequencies f = std::visit(detail::Scaler{rotary_dim, base, seq_len}, scaling);
-  // Each field can be valid alone and still overflow together (a factor of
-  // 1e-310 divides theta_0 = 1 into infinity): no table may see that.
-  for (std::size_t p = 0; p < f.inv_freq.size(); ++p) {
-    if (!std::isfinite(f.inv_freq[p])) {
-      detail::invalid("scaling (factor of variant " + std::to_string(scaling.index()) + ")",
-                      "small enough to keep every inv_freq finite",
-                      "inv_freq[" + std::to_string(p) + "] = " + detail::format_value(f.inv_freq[p]));
-    }
+  const detail::Schedule schedule{rotary_dim, base, seq_len};
+  return std::visit([&](const auto& variant) { return detail::scale(variant, schedule); }, scaling);
+}
+
+// Frequencies for 2-D axial RoPE (image patches, rope/multi_axis.hpp): the
+// first rotary_dim/4 pairs follow the row, the last rotary_dim/4 the column,
+// each with the schedule of a rotary_dim/2-channel RoPE:
+// theta_p = base^(-2p / (rotary_dim/2)).
+inline Frequencies axial_frequencies(std::size_t rotary_dim, double base = 10000.0) {
+  if (rotary_dim == 0 || rotary_dim % 4 != 0) {
+    detail::fail("rope::axial_frequencies", "rotary_dim", "a positive multiple of 4", rotary_dim);
   }
+  Frequencies half = frequencies(rotary_dim / 2, base);
+  Frequencies f;
+  f.inv_freq = half.inv_freq;
+  f.inv_freq.insert(f.inv_freq.end(), half.inv_freq.begin(), half.inv_freq.end());
+  f.attention_factor = half.attention_factor;
   return f;
 }
 

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "detail/error.hpp"
 #include "detail/sincos.hpp"
 #include "frequencies.hpp"
 
@@ -68,12 +69,12 @@ class Table {
       : pairs_(freqs.inv_freq.size()),
         positions_(positions),
         attention_factor_(freqs.attention_factor) {
-    if (pairs_ == 0) {
-      throw std::invalid_argument("rope::Table: freqs.inv_freq is empty");
-    }
+    if (pairs_ == 0) detail::fail("rope::Table", "freqs.inv_freq", "non-empty", "empty");
     if (positions > data_.max_size() / (2 * pairs_)) {
-      throw std::invalid_argument("rope::Table: positions = " + std::to_string(positions) +
-                                  " rows of " + std::to_string(2 * pairs_) + " values exceed memory");
+      detail::fail("rope::Table", "positions",
+                   "at most " + detail::to_text(data_.max_size() / (2 * pairs_)) + " (rows of " +
+                       detail::to_text(2 * pairs_) + " values must fit in memory)",
+                   positions);
     }
     data_.resize(positions * 2 * pairs_);
     for (std::size_t m = 0; m < positions; ++m) {
