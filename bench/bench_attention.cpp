@@ -48,7 +48,7 @@ double causal_pairs(std::int64_t l) { return static_cast<double>(l) * static_cas
 void softmax_causal(benchmark::State& state, std::int64_t l) {
   const rope::Table<float> table(rope::frequencies(kHeadDim, 10000.0), static_cast<std::size_t>(l));
   const Matrix<float> q = inputs(l, kHeadDim, 1), k = inputs(l, kHeadDim, 2), v = inputs(l, kValueDim, 3);
-  const rope::attention::Rope<float> rope{&table, rope::Style::rotate_half};
+  const rope::attention::Rotation<float> rope{&table, rope::Style::rotate_half};
   rope::attention::SoftmaxOptions o;
   o.causal = true;
   for (auto _ : state) {

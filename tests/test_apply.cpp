@@ -20,6 +20,8 @@
 #include <Eigen/Core>
 
 #include <rope/apply.hpp>
+#include <rope/multi_axis.hpp>
+#include <rope/permute.hpp>
 #include <rope/reference.hpp>
 
 #include "support.hpp"
@@ -570,89 +572,89 @@ TEST(ApplyErrors, EveryBadArgumentThrowsAndWritesNothing) {
   Options o;
 
   expect_throw_untouched<IA>(buf, other, [&] { rope::apply(View<float>::token_major(nullptr, 2, 2, 32), table, s, 0); },
-                             {"x.data is null"});
+                             {"x.data", "null"});
   expect_throw_untouched<IA>(buf, other, [&] { rope::apply(x, View<float>::token_major(nullptr, kTokens, kHeads, kHeadDim), table, s, 0); },
-                             {"out.data is null"});
+                             {"out.data", "null"});
   o.rotary_dim = 7;
   expect_throw_untouched<IA>(buf, other, [&] { rope::apply(x, table, s, pos.data(), o); }, {"rotary_dim", "7"});
   o.rotary_dim = 64;
-  expect_throw_untouched<IA>(buf, other, [&] { rope::apply(x, table, s, pos.data(), o); }, {"rotary_dim 64", "32"});
+  expect_throw_untouched<IA>(buf, other, [&] { rope::apply(x, table, s, pos.data(), o); }, {"options.rotary_dim", "64", "32"});
   o.rotary_dim = 0;
   {
     const rope::Table<float> wide(rope::frequencies(64), 100);
-    expect_throw_untouched<IA>(buf, other, [&] { rope::apply(x, wide, s, pos.data()); }, {"rotary_dim 64", "x.head_dim 32"});
+    expect_throw_untouched<IA>(buf, other, [&] { rope::apply(x, wide, s, pos.data()); }, {"x.head_dim", "rotary_dim 64", "32"});
   }
   o.threads = 0;
   expect_throw_untouched<IA>(buf, other, [&] { rope::apply(x, table, s, pos.data(), o); }, {"threads", "0"});
   o.threads = 1;
   expect_throw_untouched<IA>(
       buf, other, [&] { rope::apply(View<float>(p, kTokens, kHeads, kHeadDim, kHeads * kHeadDim, 31), table, s, 0); },
-      {"x.head_stride 31", "overlap"});
+      {"x.head_stride", "31", "overlap"});
   expect_throw_untouched<IA>(
       buf, other, [&] { rope::apply(View<float>(p, kTokens, kHeads, kHeadDim, 100, kHeadDim), table, s, 0); },
-      {"x.token_stride 100", "overlap"});
+      {"x.token_stride", "100", "overlap"});
   expect_throw_untouched<IA>(
       buf, other, [&] { rope::apply(x, View<float>::token_major(p + 1, kTokens, kHeads, kHeadDim), table, s, 0); },
-      {"out overlaps x"});
+      {"out", "overlaps x"});
   expect_throw_untouched<IA>(
       buf, other, [&] { rope::apply(x, View<float>::token_major(other.data(), kTokens - 1, kHeads, kHeadDim), table, s, 0); },
-      {"out is [5, 4, 32]", "x is [6, 4, 32]"});
+      {"out", "[5, 4, 32]", "x [6, 4, 32]"});
   expect_throw_untouched<IA>(buf, other, [&] { rope::apply(x, table, s, static_cast<const std::int64_t*>(nullptr)); },
-                             {"positions is null"});
+                             {"positions", "null"});
   // The bad position is the last one: everything before it must still be unwritten.
   pos[5] = 100;
-  expect_throw_untouched<OR>(buf, other, [&] { rope::apply(x, table, s, pos.data()); }, {"token index 5", "100", "[0, 100)"});
+  expect_throw_untouched<OR>(buf, other, [&] { rope::apply(x, table, s, pos.data()); }, {"positions[5]", "100", "[0, 100)"});
   const auto out = View<float>::token_major(other.data(), kTokens, kHeads, kHeadDim);
-  expect_throw_untouched<OR>(buf, other, [&] { rope::apply(x, out, table, s, pos.data()); }, {"token index 5", "100"});
+  expect_throw_untouched<OR>(buf, other, [&] { rope::apply(x, out, table, s, pos.data()); }, {"positions[5]", "100"});
   pos[5] = 6;
   pos[3] = -2;
-  expect_throw_untouched<OR>(buf, other, [&] { rope::apply(x, table, s, pos.data()); }, {"token index 3", "-2", "negative"});
+  expect_throw_untouched<OR>(buf, other, [&] { rope::apply(x, table, s, pos.data()); }, {"positions[3]", "-2"});
   pos[3] = 4;
-  expect_throw_untouched<OR>(buf, other, [&] { rope::apply(x, table, s, -1); }, {"token index 0", "-1"});
-  expect_throw_untouched<OR>(buf, other, [&] { rope::apply(x, table, s, 95); }, {"token index 5", "100"});
+  expect_throw_untouched<OR>(buf, other, [&] { rope::apply(x, table, s, -1); }, {"offset", "-1"});
+  expect_throw_untouched<OR>(buf, other, [&] { rope::apply(x, table, s, 95); }, {"token 5", "100"});
   expect_throw_untouched<OR>(buf, other, [&] { rope::apply(x, table, s, std::numeric_limits<std::int64_t>::max()); },
-                             {"token index 5"});
+                             {"token 5"});
 
   // apply_qk: heads that do not divide, token counts that differ, Q and K sharing rows.
   const auto k3 = View<float>::token_major(p + kTokens * kHeads * kHeadDim, kTokens, 3, kHeadDim);
-  expect_throw_untouched<IA>(buf, other, [&] { rope::apply_qk(x, k3, table, s, pos.data()); }, {"q.heads 4", "k.heads 3"});
+  expect_throw_untouched<IA>(buf, other, [&] { rope::apply_qk(x, k3, table, s, pos.data()); }, {"q.heads = 4", "k.heads", "3"});
   const auto k5 = View<float>::token_major(p + kTokens * kHeads * kHeadDim, kTokens - 1, 2, kHeadDim);
-  expect_throw_untouched<IA>(buf, other, [&] { rope::apply_qk(x, k5, table, s, pos.data()); }, {"6 tokens", "5"});
+  expect_throw_untouched<IA>(buf, other, [&] { rope::apply_qk(x, k5, table, s, pos.data()); }, {"k.tokens", "q.tokens = 6", "5"});
   const auto k_overlap = View<float>::packed(p, kTokens, kHeads, 3, 2, kHeadDim);
   expect_throw_untouched<IA>(buf, other, [&] { rope::apply_qk(x, View<float>(k_overlap.data, kTokens, 2, kHeadDim, kHeads * kHeadDim, kHeadDim), table, s, 0); },
                              {"overlaps"});
   const auto k_ok = View<float>::token_major(p + kTokens * kHeads * kHeadDim, kTokens, 2, kHeadDim);
   pos[2] = 1000;
-  expect_throw_untouched<OR>(buf, other, [&] { rope::apply_qk(x, k_ok, table, s, pos.data()); }, {"token index 2", "1000"});
+  expect_throw_untouched<OR>(buf, other, [&] { rope::apply_qk(x, k_ok, table, s, pos.data()); }, {"positions[2]", "1000"});
   pos[2] = 3;
 
   // M-RoPE and axial.
   std::vector<std::int64_t> three(3 * kTokens, 1);
   expect_throw_untouched<IA>(
       buf, other, [&] { rope::apply_mrope(x, table, s, three.data(), rope::MropeSections{{4, 4, 4}, {}}); },
-      {"sections (4, 4, 4)", "sum to 12", "16"});
+      {"sections.pairs (4, 4, 4)", "16", "12"});
   expect_throw_untouched<IA>(
       buf, other,
       [&] {
         rope::apply_mrope(x, table, s, three.data(), rope::MropeSections{{2, 7, 7}, rope::SectionOrder::interleaved});
       },
-      {"cannot be interleaved"});
+      {"interleav", "(2, 7, 7)"});
   three[2 * kTokens + 4] = 500;
   expect_throw_untouched<OR>(
       buf, other, [&] { rope::apply_mrope(x, table, s, three.data(), rope::MropeSections{{4, 6, 6}, {}}); },
-      {"w position", "token index 4", "500"});
+      {"w positions[4]", "500"});
   {
     const rope::Table<float> t6(rope::frequencies(6), 100);
     expect_throw_untouched<IA>(buf, other, [&] { rope::apply_axial(x, t6, s, three.data()); }, {"multiple of 4", "6"});
   }
   std::vector<std::int64_t> two(2 * kTokens, 0);
   two[kTokens + 1] = -5;
-  expect_throw_untouched<OR>(buf, other, [&] { rope::apply_axial(x, table, s, two.data()); }, {"col position", "token index 1", "-5"});
+  expect_throw_untouched<OR>(buf, other, [&] { rope::apply_axial(x, table, s, two.data()); }, {"col positions[1]", "-5"});
 
   // Permutations.
   expect_throw_untouched<IA>(buf, other, [&] { rope::permute_to_rotate_half(p, 2, 32, 4, 33); }, {"rotary_dim", "33"});
-  expect_throw_untouched<IA>(buf, other, [&] { rope::permute_to_block_diagonal(p, 2, 32, 4, 40); }, {"rotary_dim 40", "32"});
-  expect_throw_untouched<IA>(buf, other, [&] { rope::permute_to_block_diagonal(static_cast<float*>(nullptr), 2, 32, 4); }, {"weight is null"});
+  expect_throw_untouched<IA>(buf, other, [&] { rope::permute_to_block_diagonal(p, 2, 32, 4, 40); }, {"rotary_dim", "40", "head_dim 32"});
+  expect_throw_untouched<IA>(buf, other, [&] { rope::permute_to_block_diagonal(static_cast<float*>(nullptr), 2, 32, 4); }, {"weight", "null"});
 }
 
 // Q and K as neighbouring slices of one packed buffer pass the overlap check.

@@ -27,7 +27,7 @@ using rope::attention::FavorOptions;
 using rope::attention::FeatureKind;
 using rope::attention::Matrix;
 using rope::attention::Projection;
-using rope::attention::Rope;
+using rope::attention::Rotation;
 using rope::attention::RowNorms;
 
 // u = W x d^(-1/4) and h = |x|^2 d^(-1/2) / 2 in long double from the projection.
@@ -240,7 +240,7 @@ TEST(FeaturesStatistics, SqrtDNormsEstimateAtMostTheKernel) {
 // Mean squared error of FAVOR+ linear attention (non-causal) against exact
 // softmax attention over seeds; with pre_phi set, both with RoPE.
 double favor_mse(std::size_t m, const Matrix<double>& q, const Matrix<double>& k, const Matrix<double>& v,
-                 const Rope<double>& pre_phi, std::size_t seeds) {
+                 const Rotation<double>& pre_phi, std::size_t seeds) {
   const Matrix<double> exact = rope::attention::softmax(q, k, v, pre_phi);
   double mse = 0;
   for (std::size_t s = 0; s < seeds; ++s) {
@@ -272,7 +272,7 @@ TEST(FeaturesStatistics, OutputErrorFallsLikeOneOverM) {
 TEST(FeaturesStatistics, PrePhiConvergesToSoftmaxWithRope) {
   const std::size_t d = 16, l = 64;
   const rope::Table<double> table(rope::frequencies(d, 10000.0), l);
-  const Rope<double> rope{&table, rope::Style::rotate_half};
+  const Rotation<double> rope{&table, rope::Style::rotate_half};
   const Matrix<double> q = at::random_matrix<double>(l, d, 21, 0.3), k = at::random_matrix<double>(l, d, 22, 0.3);
   const Matrix<double> v = at::random_matrix<double>(l, d, 23);
   const double mse64 = favor_mse(64, q, k, v, rope, 40);

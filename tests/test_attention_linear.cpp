@@ -26,7 +26,7 @@ using rope::attention::FavorOptions;
 using rope::attention::LinearOptions;
 using rope::attention::LinearState;
 using rope::attention::Matrix;
-using rope::attention::Rope;
+using rope::attention::Rotation;
 using rope::attention::Vector;
 
 constexpr Style kStyles[] = {Style::rotate_half, Style::block_diagonal};
@@ -144,7 +144,7 @@ TYPED_TEST(LinearTyped, RecurrentStepsEqualBatch) {
 
   // Eq. 19: numerator features rotated at the token's position.
   const rope::Table<T> table(rope::frequencies(m, 10000.0), 64);
-  const Rope<T> rope{&table, Style::rotate_half};
+  const Rotation<T> rope{&table, Style::rotate_half};
   o.q_positions = at::random_positions(l, 64, 26);
   o.k_positions = o.q_positions;
   const Matrix<T> eq19_batch = rope::attention::linear_eq19(fq, fk, v, rope, o);
@@ -185,7 +185,7 @@ TYPED_TEST(LinearTyped, Eq19EqualsQuadraticForm) {
       for (const std::size_t chunk : {std::size_t{1}, std::size_t{4}, std::size_t{29}}) {
         o.causal = causal;
         o.chunk = chunk;
-        const Matrix<T> got = rope::attention::linear_eq19(fq, fk, v, Rope<T>{&table, style}, o);
+        const Matrix<T> got = rope::attention::linear_eq19(fq, fk, v, Rotation<T>{&table, style}, o);
         EXPECT_LE(at::relative_error(got, want), at::exact_tolerance<T>())
             << rope::name(style) << " causal " << causal << " chunk " << chunk;
       }
@@ -226,7 +226,7 @@ TEST(Linear, FavorEq19EqualsQuadraticForm) {
     o.causal = causal;
     o.chunk = 5;
     const auto want = at::quadratic(qn, qd, kn, kd, at::to_ld(v), causal, 0.0L);
-    const Matrix<double> got = rope::attention::linear_eq19(q, k, v, phi, Rope<double>{&table, Style::block_diagonal}, o);
+    const Matrix<double> got = rope::attention::linear_eq19(q, k, v, phi, Rotation<double>{&table, Style::block_diagonal}, o);
     EXPECT_LE(at::relative_error(got, want), 1e-12) << "causal " << causal;
   }
 }
@@ -262,7 +262,7 @@ TYPED_TEST(LinearTyped, PrePhiEqualsRotatingFirst) {
       plain.q_positions.clear();
       plain.k_positions.clear();
       const Matrix<T> want = rope::attention::linear(qr, kr, v, phi, plain);
-      const Matrix<T> got = rope::attention::linear(q, k, v, phi, o, Rope<T>{&table, Style::block_diagonal});
+      const Matrix<T> got = rope::attention::linear(q, k, v, phi, o, Rotation<T>{&table, Style::block_diagonal});
       EXPECT_LE(at::relative_error(got, want), at::exact_tolerance<T>()) << "causal " << causal << " chunk " << chunk;
     }
   }
@@ -284,14 +284,14 @@ TYPED_TEST(LinearTyped, Eq19PositionIdentities) {
       const Matrix<T> plain = rope::attention::linear(fq, fk, v, o);
       o.q_positions.assign(l, 77);
       o.k_positions.assign(l, 77);
-      const Matrix<T> same = rope::attention::linear_eq19(fq, fk, v, Rope<T>{&table, style}, o);
+      const Matrix<T> same = rope::attention::linear_eq19(fq, fk, v, Rotation<T>{&table, style}, o);
       EXPECT_LE(at::relative_error(same, plain), at::exact_tolerance<T>()) << rope::name(style);
       o.q_positions = at::random_positions(l, 100, 54);
       o.k_positions = at::random_positions(l, 100, 55);
-      const Matrix<T> base = rope::attention::linear_eq19(fq, fk, v, Rope<T>{&table, style}, o);
+      const Matrix<T> base = rope::attention::linear_eq19(fq, fk, v, Rotation<T>{&table, style}, o);
       for (auto& p : o.q_positions) p += 93;
       for (auto& p : o.k_positions) p += 93;
-      const Matrix<T> shifted = rope::attention::linear_eq19(fq, fk, v, Rope<T>{&table, style}, o);
+      const Matrix<T> shifted = rope::attention::linear_eq19(fq, fk, v, Rotation<T>{&table, style}, o);
       EXPECT_LE(at::relative_error(shifted, base), at::exact_tolerance<T>()) << rope::name(style);
     }
   }
@@ -312,7 +312,7 @@ TEST(Linear, Eq19GoldenValues) {
   LinearOptions o;
   o.q_positions = {2};
   o.k_positions = {0, 1};
-  const Rope<double> rope{&table, Style::block_diagonal};
+  const Rotation<double> rope{&table, Style::block_diagonal};
   // The numerator terms from the oracle's rotation.
   const auto qn = at::rotate({1, 0}, freqs.inv_freq, Style::block_diagonal, 2);
   EXPECT_NEAR(static_cast<double>(at::dot(qn, at::rotate({1, 0}, freqs.inv_freq, Style::block_diagonal, 0))),
@@ -382,7 +382,7 @@ TYPED_TEST(LinearTyped, FeaturesAndDenominatorsPositive) {
   fo.features = 64;
   const FavorFeatures phi(d, fo);
   const rope::Table<T> table(rope::frequencies(d, 10000.0), 64);
-  const Rope<T> rope{&table, Style::rotate_half};
+  const Rotation<T> rope{&table, Style::rotate_half};
   const Matrix<T> v = at::random_matrix<T>(l, dv, 73);
   for (const double input_scale : {1.0, 12.0}) {
     const Matrix<T> q = at::random_matrix<T>(l, d, 71, input_scale), k = at::random_matrix<T>(l, d, 72, input_scale);
@@ -436,7 +436,7 @@ TYPED_TEST(LinearTyped, CausalPrefixInvariance) {
     o.chunk = chunk;
     const Matrix<T> a = rope::attention::linear(q, k, v, phi, o), b = rope::attention::linear(q2, k2, v2, phi, o);
     EXPECT_LE(at::relative_error(b.topRows(t), a.topRows(t)), at::exact_tolerance<T>()) << "chunk " << chunk;
-    const Rope<T> rope{&feature_table, Style::rotate_half};
+    const Rotation<T> rope{&feature_table, Style::rotate_half};
     const Matrix<T> c = rope::attention::linear_eq19(q, k, v, phi, rope, o);
     const Matrix<T> e = rope::attention::linear_eq19(q2, k2, v2, phi, rope, o);
     EXPECT_LE(at::relative_error(e.topRows(t), c.topRows(t)), at::exact_tolerance<T>()) << "eq19 chunk " << chunk;
@@ -465,16 +465,16 @@ TEST(Linear, BadInputThrows) {
   const rope::Table<double> table4(rope::frequencies(4, 10000.0), 8);
   using rope::attention::linear;
   using rope::attention::linear_eq19;
-  EXPECT_NE(message([&] { linear_eq19(f3, f3, v, Rope<double>{&table4}); }).find("must be even for eq. 19 (pairs of features), got 3"),
+  EXPECT_NE(message([&] { linear_eq19(f3, f3, v, Rotation<double>{&table4}); }).find("must be even for eq. 19 (pairs of features), got 3"),
             std::string::npos);
   const rope::Table<double> table2(rope::frequencies(2, 10000.0), 8);
-  EXPECT_NE(message([&] { linear_eq19(f4, f4, v, Rope<double>{&table2}); }).find("rotates 2 channels but the feature dimension m is 4"),
+  EXPECT_NE(message([&] { linear_eq19(f4, f4, v, Rotation<double>{&table2}); }).find("rotates 2 channels but the feature dimension m is 4"),
             std::string::npos);
-  EXPECT_NE(message([&] { linear_eq19(f4, f4, v, Rope<double>{}); }).find("feature_rope.table is null"),
+  EXPECT_NE(message([&] { linear_eq19(f4, f4, v, Rotation<double>{}); }).find("feature_rope.table is null"),
             std::string::npos);
   LinearOptions o;
   o.q_positions = {0, 1, 2, 8};
-  EXPECT_NE(message([&] { linear_eq19(f4, f4, v, Rope<double>{&table4}, o); }).find("out_of_range: rope::attention::linear_eq19: options.q_positions[3] is 8"),
+  EXPECT_NE(message([&] { linear_eq19(f4, f4, v, Rotation<double>{&table4}, o); }).find("out_of_range: rope::attention::linear_eq19: options.q_positions[3] is 8"),
             std::string::npos);
   o = {};
   o.chunk = 0;

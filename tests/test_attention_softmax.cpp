@@ -23,7 +23,7 @@ namespace {
 namespace at = attention_test;
 using rope::Style;
 using rope::attention::Matrix;
-using rope::attention::Rope;
+using rope::attention::Rotation;
 using rope::attention::SoftmaxOptions;
 
 constexpr Style kStyles[] = {Style::rotate_half, Style::block_diagonal};
@@ -53,7 +53,7 @@ TYPED_TEST(SoftmaxTyped, MatchesNaiveRelativeScoresForEveryBlock) {
       for (const std::size_t block : {std::size_t{1}, std::size_t{3}, std::size_t{7}, std::size_t{16},
                                       std::size_t{37}, std::size_t{45}, std::size_t{128}}) {
         o.block = block;
-        const Matrix<T> got = rope::attention::softmax(q, k, v, Rope<T>{&table, style}, o);
+        const Matrix<T> got = rope::attention::softmax(q, k, v, Rotation<T>{&table, style}, o);
         EXPECT_LE(at::relative_error(got, want), at::exact_tolerance<T>())
             << rope::name(style) << " causal " << causal << " block " << block;
       }
@@ -76,7 +76,7 @@ TYPED_TEST(SoftmaxTyped, DefaultPositionsAndSetScale) {
   const auto pos = at::iota_positions(l);
   const auto want = at::naive_softmax(at::to_ld(q), at::to_ld(k), at::to_ld(v), freqs.inv_freq, Style::rotate_half,
                                       pos, pos, 0.3L, true);
-  const Matrix<T> got = rope::attention::softmax(q, k, v, Rope<T>{&table, Style::rotate_half}, o);
+  const Matrix<T> got = rope::attention::softmax(q, k, v, Rotation<T>{&table, Style::rotate_half}, o);
   EXPECT_LE(at::relative_error(got, want), at::exact_tolerance<T>());
   // Row 0 sees only key 0: its output is v_0.
   for (Eigen::Index c = 0; c < got.cols(); ++c) EXPECT_NEAR(got(0, c), v(0, c), 1e-6);
@@ -98,7 +98,7 @@ TEST(Softmax, SortedPositionsWithRepeats) {
                                       o.q_positions, o.k_positions, 1.0L / std::sqrt(at::LD(d)), true);
   for (const std::size_t block : {std::size_t{1}, std::size_t{6}, std::size_t{16}, std::size_t{256}}) {
     o.block = block;
-    const Matrix<double> got = rope::attention::softmax(q, k, v, Rope<double>{&table, Style::rotate_half}, o);
+    const Matrix<double> got = rope::attention::softmax(q, k, v, Rotation<double>{&table, Style::rotate_half}, o);
     EXPECT_LE(at::relative_error(got, want), 1e-12) << "block " << block;
   }
 }
@@ -118,7 +118,7 @@ TEST(Softmax, PartialRotary) {
   std::vector<double> used(freqs.inv_freq.begin(), freqs.inv_freq.begin() + r / 2);
   const auto want = at::naive_softmax(at::to_ld(q), at::to_ld(k), at::to_ld(v), used, Style::block_diagonal, pos,
                                       pos, 1.0L / std::sqrt(at::LD(d)), false);
-  const Matrix<double> got = rope::attention::softmax(q, k, v, Rope<double>{&table, Style::block_diagonal, r}, o);
+  const Matrix<double> got = rope::attention::softmax(q, k, v, Rotation<double>{&table, Style::block_diagonal, r}, o);
   EXPECT_LE(at::relative_error(got, want), 1e-12);
 }
 
@@ -165,7 +165,7 @@ TEST(Softmax, GroupedQueryViews) {
   SoftmaxOptions o;
   o.causal = true;
   o.block = 5;
-  const Rope<float> rope{&table, Style::rotate_half};
+  const Rotation<float> rope{&table, Style::rotate_half};
   rope::attention::softmax<float>(rope::View<const float>::token_major(q.data(), l, hq, d),
                                   rope::View<const float>::token_major(k.data(), l, hk, d),
                                   rope::View<const float>::token_major(v.data(), l, hk, dv),
@@ -190,7 +190,7 @@ TEST(Softmax, BadInputThrowsAndWritesNothing) {
   const rope::Table<double> table(rope::frequencies(8, 10000.0), 10);
   const Matrix<double> q = at::random_matrix<double>(4, 8, 61), k = at::random_matrix<double>(5, 8, 62);
   const Matrix<double> v = at::random_matrix<double>(5, 3, 63);
-  const Rope<double> rope{&table, Style::rotate_half};
+  const Rotation<double> rope{&table, Style::rotate_half};
   const auto message = [&](auto&& call) -> std::string {
     try {
       call();
@@ -219,7 +219,7 @@ TEST(Softmax, BadInputThrowsAndWritesNothing) {
   o.q_positions = {0, 1, 10, 2};
   EXPECT_NE(message([&] { softmax(q, k, v, rope, o); }).find("out_of_range: rope::attention::softmax: options.q_positions[2] is 10"),
             std::string::npos);
-  EXPECT_NE(message([&] { softmax(q, k, v, Rope<double>{&table, Style::rotate_half, 5}); }).find("rotary_dim must be even, got 5"),
+  EXPECT_NE(message([&] { softmax(q, k, v, Rotation<double>{&table, Style::rotate_half, 5}); }).find("rotary_dim must be even, got 5"),
             std::string::npos);
 
   // The View overload checks everything before writing.

@@ -6,9 +6,13 @@
 //
 // Layout: one batch x head is a matrix with one token per row (Eigen,
 // row-major results); softmax also takes rope::View tensors with grouped-query
-// heads. This is the only part of rope that needs Eigen. docs/attention.md
+// heads. This is the only part of rope that needs Eigen (CMake target
+// rope::attention); it includes the core, <rope/rope.hpp>. docs/attention.md
 // has the API in brief.
 #pragma once
+
+#include "rope.hpp"
+
 
 #include "attention/common.hpp"
 #include "attention/features.hpp"

@@ -1,12 +1,13 @@
-// rope/rope.hpp — the whole library in one include.
+// rope/rope.hpp — the core of the library in one include.
 //
 // RoPE (RoFormer, arXiv 2104.09864) rotates pair p of a query or key at
 // position m by m * theta_p, theta_p = base^(-2p/d). Rotations compose, so
 // <R_m q, R_n k> = <q, R_(n-m) k>: only relative offsets reach attention.
 //
-// An engine that wants only the kernels, tables and tensor API includes
-// <rope/kernels.hpp>, <rope/table.hpp> or <rope/apply.hpp>, which need xsimd
-// alone; Eigen enters only through <rope/attention.hpp>.
+// This is the core: frequencies, tables, kernels and the tensor API, which
+// need xsimd (and, for threads, the platform's thread library) alone. The
+// attention module needs Eigen and has its own umbrella, <rope/attention.hpp>
+// (CMake target rope::attention).
 #pragma once
 
 #include "version.hpp"
@@ -16,5 +17,9 @@
 #include "angles.hpp"
 #include "reference.hpp"
 #include "kernels.hpp"
+#include "view.hpp"
+#include "options.hpp"
+#include "half.hpp"
 #include "apply.hpp"
-#include "attention.hpp"
+#include "multi_axis.hpp"
+#include "permute.hpp"

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <type_traits>
 
 namespace rope {
 
@@ -25,6 +26,19 @@ constexpr std::size_t first_channel(std::size_t p, std::size_t /*rotary_dim*/) n
 template <Style S>
 constexpr std::size_t second_channel(std::size_t p, std::size_t rotary_dim) noexcept {
   return S == Style::rotate_half ? p + rotary_dim / 2 : 2 * p + 1;
+}
+
+// A Style as a type, for code templated on the pairing.
+template <Style S>
+using StyleConstant = std::integral_constant<Style, S>;
+
+// Calls f(StyleConstant<S>{}) with S = s: the one place where a pairing
+// chosen at run time becomes a template argument, so that each kernel is
+// compiled once per pairing and the branch is taken once per call, not per row.
+template <class F>
+decltype(auto) with_style(Style s, F&& f) {
+  if (s == Style::rotate_half) return f(StyleConstant<Style::rotate_half>{});
+  return f(StyleConstant<Style::block_diagonal>{});
 }
 
 constexpr const char* name(Style s) noexcept {

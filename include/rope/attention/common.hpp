@@ -23,6 +23,7 @@
 #include <Eigen/Core>
 
 #include "../kernels.hpp"
+#include "../view.hpp"
 #include "../style.hpp"
 #include "../table.hpp"
 
@@ -36,10 +37,11 @@ using Vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
 template <class T>
 using ConstRef = Eigen::Ref<const Matrix<T>, 0, Eigen::OuterStride<>>;
 
-// RoPE inside attention. table == nullptr: no rotation. rotary_dim 0 means
-// the table's; the channels past it pass through.
+// RoPE inside attention: which table, which pairing, how many channels.
+// table == nullptr: no rotation. rotary_dim 0 means the table's; the
+// channels past it pass through.
 template <class T>
-struct Rope {
+struct Rotation {
   const Table<T>* table = nullptr;
   Style style = Style::rotate_half;
   std::size_t rotary_dim = 0;
@@ -80,9 +82,9 @@ inline void check_positions_size(const char* fn, const char* name, const std::ve
   }
 }
 
-// The rotary width a Rope asks for, checked against the head dimension.
+// The rotary width a Rotation asks for, checked against the head dimension.
 template <class T>
-std::size_t rotary_width(const char* fn, const Rope<T>& rope, std::size_t head_dim) {
+std::size_t rotary_width(const char* fn, const Rotation<T>& rope, std::size_t head_dim) {
   if (rope.table == nullptr) return 0;
   const std::size_t r = rope.rotary_dim == 0 ? rope.table->rotary_dim() : rope.rotary_dim;
   if (r % 2 != 0) fail(fn, "rope.rotary_dim must be even, got " + std::to_string(r));
@@ -98,7 +100,7 @@ std::size_t rotary_width(const char* fn, const Rope<T>& rope, std::size_t head_d
 
 // Positions must index the table's rows (std::out_of_range, like rope::apply).
 template <class T>
-void check_table_positions(const char* fn, const char* name, const Rope<T>& rope,
+void check_table_positions(const char* fn, const char* name, const Rotation<T>& rope,
                            const std::vector<std::int64_t>& positions, std::size_t rows) {
   if (rope.table == nullptr) return;
   const auto limit = rope.table->positions();
@@ -112,10 +114,10 @@ void check_table_positions(const char* fn, const char* name, const Rope<T>& rope
   }
 }
 
-// Rotates every row of x in place by its position (already checked); row i
+// Rotates every row (token) of x in place by its position (already checked); row i
 // of x is token first + i.
 template <class T>
-void rotate_rows(Matrix<T>& x, const Rope<T>& rope, std::size_t rotary_dim,
+void rotate_matrix(Matrix<T>& x, const Rotation<T>& rope, std::size_t rotary_dim,
                  const std::vector<std::int64_t>& positions, Eigen::Index first = 0) {
   if (rope.table == nullptr || rotary_dim == 0) return;
   for (Eigen::Index i = 0; i < x.rows(); ++i) {

@@ -11,7 +11,8 @@
 // The offsets (row max for a query, head-wide max for keys) only keep exp in
 // range: with eps = 0 they cancel in the attention output. Causal attention
 // must not use the head-wide c_K (it sees future keys); it takes
-// log_features() and keeps a running prefix max instead (linear.hpp).
+// scaled_keys() (features and per-key log scales) and keeps a running prefix
+// max of the log scales instead (linear.hpp).
 //
 // W (m x d) is drawn once from a seed and changes only through redraw():
 // blocks of d orthogonal rows (QR of a Gaussian d x d matrix with the sign
@@ -155,7 +156,7 @@ class FavorFeatures {
   }
 
   // Key features of a whole head: one offset c_K = max_{j,r} u_jr for all
-  // rows (positive kind). Not for causal attention: see log_features.
+  // rows (positive kind). Not for causal attention: see scaled_keys.
   template <class D>
   Matrix<typename D::Scalar> keys(const Eigen::MatrixBase<D>& x) const {
     using T = typename D::Scalar;

@@ -208,7 +208,7 @@ Matrix<T> linear_core(const LinearInputs<T>& in, const ConstRef<T>& v, const Lin
 
 // The rotary width of the eq. 19 feature rotation: the whole of m.
 template <class T>
-void check_feature_rope(const char* fn, const Rope<T>& rope, std::size_t m, const LinearOptions& o,
+void check_feature_rope(const char* fn, const Rotation<T>& rope, std::size_t m, const LinearOptions& o,
                         std::size_t lq, std::size_t lk) {
   if (m % 2 != 0) fail(fn, "the feature dimension m must be even for eq. 19 (pairs of features), got " + std::to_string(m));
   if (rope.table == nullptr) fail(fn, "feature_rope.table is null");
@@ -242,7 +242,7 @@ Matrix<typename DQ::Scalar> linear(const Eigen::MatrixBase<DQ>& phi_q, const Eig
 // the denominator's are not.
 template <class DQ, class DK, class DV>
 Matrix<typename DQ::Scalar> linear_eq19(const Eigen::MatrixBase<DQ>& phi_q, const Eigen::MatrixBase<DK>& phi_k,
-                                        const Eigen::MatrixBase<DV>& v, const Rope<typename DQ::Scalar>& feature_rope,
+                                        const Eigen::MatrixBase<DV>& v, const Rotation<typename DQ::Scalar>& feature_rope,
                                         const LinearOptions& options = {}) {
   using T = typename DQ::Scalar;
   const char* fn = "rope::attention::linear_eq19";
@@ -256,8 +256,8 @@ Matrix<typename DQ::Scalar> linear_eq19(const Eigen::MatrixBase<DQ>& phi_q, cons
                              static_cast<std::size_t>(qd.rows()), static_cast<std::size_t>(kd.rows()));
   Matrix<T> qn = qd, kn = kd;
   const std::size_t m = static_cast<std::size_t>(qd.cols());
-  detail::rotate_rows(qn, feature_rope, m, options.q_positions);
-  detail::rotate_rows(kn, feature_rope, m, options.k_positions);
+  detail::rotate_matrix(qn, feature_rope, m, options.q_positions);
+  detail::rotate_matrix(kn, feature_rope, m, options.k_positions);
   return detail::linear_core<T>({&qn, &qd, &kn, &kd, nullptr}, vr, options);
 }
 
@@ -287,7 +287,7 @@ void check_favor(const char* fn, const FavorFeatures& phi, std::ptrdiff_t dq, st
 template <class DQ, class DK, class DV>
 Matrix<typename DQ::Scalar> linear(const Eigen::MatrixBase<DQ>& q, const Eigen::MatrixBase<DK>& k,
                                    const Eigen::MatrixBase<DV>& v, const FavorFeatures& phi,
-                                   const LinearOptions& options = {}, const Rope<typename DQ::Scalar>& pre_phi = {}) {
+                                   const LinearOptions& options = {}, const Rotation<typename DQ::Scalar>& pre_phi = {}) {
   using T = typename DQ::Scalar;
   const char* fn = "rope::attention::linear";
   detail::check_scalar<T>();
@@ -311,8 +311,8 @@ Matrix<typename DQ::Scalar> linear(const Eigen::MatrixBase<DQ>& q, const Eigen::
       const Eigen::Index n = std::min(chunk, l - a);
       qx = qr.middleRows(a, n);
       kx = kr.middleRows(a, n);
-      detail::rotate_rows(qx, pre_phi, r, options.q_positions, a);
-      detail::rotate_rows(kx, pre_phi, r, options.k_positions, a);
+      detail::rotate_matrix(qx, pre_phi, r, options.q_positions, a);
+      detail::rotate_matrix(kx, pre_phi, r, options.k_positions, a);
       const Matrix<T> fq = phi.queries(qx);
       detail::causal_keys<T>(phi, ConstRef<T>(kx), fk, log_scale);
       sums.add(fq, fq, fk, fk, false, log_scale.data(), vr.middleRows(a, n), a, out);
@@ -320,8 +320,8 @@ Matrix<typename DQ::Scalar> linear(const Eigen::MatrixBase<DQ>& q, const Eigen::
     return out;
   }
   Matrix<T> qx = qr, kx = kr;
-  detail::rotate_rows(qx, pre_phi, r, options.q_positions);
-  detail::rotate_rows(kx, pre_phi, r, options.k_positions);
+  detail::rotate_matrix(qx, pre_phi, r, options.q_positions);
+  detail::rotate_matrix(kx, pre_phi, r, options.k_positions);
   const Matrix<T> fq = phi.queries(qx);
   const Matrix<T> fk = phi.keys(kx);
   return detail::linear_core<T>({&fq, &fq, &fk, &fk, nullptr}, vr, options);
@@ -332,7 +332,7 @@ Matrix<typename DQ::Scalar> linear(const Eigen::MatrixBase<DQ>& q, const Eigen::
 template <class DQ, class DK, class DV>
 Matrix<typename DQ::Scalar> linear_eq19(const Eigen::MatrixBase<DQ>& q, const Eigen::MatrixBase<DK>& k,
                                         const Eigen::MatrixBase<DV>& v, const FavorFeatures& phi,
-                                        const Rope<typename DQ::Scalar>& feature_rope,
+                                        const Rotation<typename DQ::Scalar>& feature_rope,
                                         const LinearOptions& options = {}) {
   using T = typename DQ::Scalar;
   const char* fn = "rope::attention::linear_eq19";
@@ -358,8 +358,8 @@ Matrix<typename DQ::Scalar> linear_eq19(const Eigen::MatrixBase<DQ>& q, const Ei
       detail::causal_keys<T>(phi, ConstRef<T>(kr.middleRows(a, n)), kd, log_scale);
       qn = qd;
       kn = kd;
-      detail::rotate_rows(qn, feature_rope, phi.features(), options.q_positions, a);
-      detail::rotate_rows(kn, feature_rope, phi.features(), options.k_positions, a);
+      detail::rotate_matrix(qn, feature_rope, phi.features(), options.q_positions, a);
+      detail::rotate_matrix(kn, feature_rope, phi.features(), options.k_positions, a);
       sums.add(qn, qd, kn, kd, true, log_scale.data(), vr.middleRows(a, n), a, out);
     }
     return out;
@@ -367,8 +367,8 @@ Matrix<typename DQ::Scalar> linear_eq19(const Eigen::MatrixBase<DQ>& q, const Ei
   const Matrix<T> qd = phi.queries(qr);
   const Matrix<T> kd = phi.keys(kr);
   Matrix<T> qn = qd, kn = kd;
-  detail::rotate_rows(qn, feature_rope, phi.features(), options.q_positions);
-  detail::rotate_rows(kn, feature_rope, phi.features(), options.k_positions);
+  detail::rotate_matrix(qn, feature_rope, phi.features(), options.q_positions);
+  detail::rotate_matrix(kn, feature_rope, phi.features(), options.k_positions);
   return detail::linear_core<T>({&qn, &qd, &kn, &kd, nullptr}, vr, options);
 }
 

@@ -25,7 +25,7 @@
 
 #include <Eigen/Core>
 
-#include "../apply.hpp"
+#include "../view.hpp"
 #include "common.hpp"
 
 namespace rope::attention {
@@ -47,7 +47,7 @@ struct SoftmaxPlan {
 
 template <class T>
 SoftmaxPlan<T> check_softmax(const char* fn, std::ptrdiff_t lq, std::ptrdiff_t dq, std::ptrdiff_t lk,
-                             std::ptrdiff_t dk, std::ptrdiff_t lv, const Rope<T>& rope, const SoftmaxOptions& o) {
+                             std::ptrdiff_t dk, std::ptrdiff_t lv, const Rotation<T>& rope, const SoftmaxOptions& o) {
   if (dq != dk) fail(fn, "q has head dimension " + std::to_string(dq) + " but k has " + std::to_string(dk));
   if (dq == 0) fail(fn, "head dimension is 0");
   if (lv != lk) fail(fn, "v has " + std::to_string(lv) + " rows but k has " + std::to_string(lk));
@@ -67,13 +67,13 @@ SoftmaxPlan<T> check_softmax(const char* fn, std::ptrdiff_t lq, std::ptrdiff_t d
 
 // One head, arguments already checked; writes out (Lq x dv).
 template <class T, class Out>
-void softmax_head(const ConstRef<T>& q, const ConstRef<T>& k, const ConstRef<T>& v, const Rope<T>& rope,
+void softmax_head(const ConstRef<T>& q, const ConstRef<T>& k, const ConstRef<T>& v, const Rotation<T>& rope,
                   const SoftmaxOptions& o, const SoftmaxPlan<T>& plan, Out&& out) {
   const Eigen::Index lq = q.rows(), lk = k.rows(), dv = v.cols();
   Matrix<T> qr = q;
   Matrix<T> kr = k;
-  rotate_rows(qr, rope, plan.rotary_dim, o.q_positions);
-  rotate_rows(kr, rope, plan.rotary_dim, o.k_positions);
+  rotate_matrix(qr, rope, plan.rotary_dim, o.q_positions);
+  rotate_matrix(kr, rope, plan.rotary_dim, o.k_positions);
   qr *= plan.scale;  // one pass over Q instead of one over every score block
 
   const auto b = static_cast<Eigen::Index>(o.block);
@@ -177,7 +177,7 @@ void softmax_head(const ConstRef<T>& q, const ConstRef<T>& k, const ConstRef<T>&
 // One batch x head: q (Lq x d), k (Lk x d), v (Lk x dv) -> Lq x dv.
 template <class DQ, class DK, class DV>
 Matrix<typename DQ::Scalar> softmax(const Eigen::MatrixBase<DQ>& q, const Eigen::MatrixBase<DK>& k,
-                                    const Eigen::MatrixBase<DV>& v, const Rope<typename DQ::Scalar>& rope = {},
+                                    const Eigen::MatrixBase<DV>& v, const Rotation<typename DQ::Scalar>& rope = {},
                                     const SoftmaxOptions& options = {}) {
   using T = typename DQ::Scalar;
   detail::check_scalar<T>();
@@ -197,7 +197,7 @@ Matrix<typename DQ::Scalar> softmax(const Eigen::MatrixBase<DQ>& q, const Eigen:
 // one after another).
 template <class T>
 void softmax(rope::detail::type_identity_t<View<const T>> q, rope::detail::type_identity_t<View<const T>> k,
-             rope::detail::type_identity_t<View<const T>> v, View<T> out, const Rope<T>& rope = {},
+             rope::detail::type_identity_t<View<const T>> v, View<T> out, const Rotation<T>& rope = {},
              const SoftmaxOptions& options = {}) {
   detail::check_scalar<T>();
   const char* fn = "rope::attention::softmax";

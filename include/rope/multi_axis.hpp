@@ -1,0 +1,143 @@
+// rope/multi_axis.hpp — RoPE whose pairs follow different position axes:
+// M-RoPE for vision-language models (time, height, width) and 2-D axial RoPE
+// for image patches.
+//
+//   pair p of token t is rotated by positions[axis(p)][t] * theta_p
+//
+// With every axis holding the same positions this is plain RoPE. Positions
+// are axis-major: positions[axis * tokens + t]. Tensors and options as in
+// apply.hpp; every argument is checked before anything is written.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "apply.hpp"
+#include "frequencies.hpp"
+
+namespace rope {
+
+// M-RoPE: which pairs of the rotary part follow which axis of (t, h, w).
+//   chunked:     pairs [0, s0) follow t, [s0, s0+s1) h, the rest w (Qwen2-VL);
+//   interleaved: pair p follows h if p % 3 == 1 and p / 3 < s1, w if
+//                p % 3 == 2 and p / 3 < s2, t otherwise (Qwen3-VL).
+// s0 + s1 + s2 must equal rotary_dim / 2.
+enum class SectionOrder { chunked, interleaved };
+struct MropeSections {
+  std::array<std::size_t, 3> pairs{};
+  SectionOrder order = SectionOrder::chunked;
+};
+
+namespace detail {
+
+// cos/sin of one token gathered pair by pair from the rows of its per-axis
+// positions: pair p at angle positions[axis(p)] * theta_p.
+template <class C>
+struct MultiAxis {
+  const Table<C>* table;
+  const std::int64_t* positions;  // [axes, tokens]
+  std::size_t tokens;
+  const std::uint8_t* axis_of_pair;  // rotary_dim/2 values
+  std::size_t pairs;
+  void row(std::size_t t, C* scratch, const C*& cos, const C*& sin) const noexcept {
+    C* c = scratch;
+    C* s = scratch + pairs;
+    for (std::size_t p = 0; p < pairs; ++p) {
+      const auto m = static_cast<std::size_t>(positions[axis_of_pair[p] * tokens + t]);
+      c[p] = table->cos(m)[p];
+      s[p] = table->sin(m)[p];
+    }
+    cos = c;
+    sin = s;
+  }
+};
+
+// Which axis each pair follows, checked against the sections.
+inline std::vector<std::uint8_t> mrope_axes(const char* fn, const MropeSections& sections, std::size_t pairs) {
+  const auto& s = sections.pairs;
+  const std::string listed = "(" + to_text(s[0]) + ", " + to_text(s[1]) + ", " + to_text(s[2]) + ")";
+  if (s[0] + s[1] + s[2] != pairs) {
+    fail(fn, "the sum of sections.pairs " + listed, "rotary_dim/2 = " + to_text(pairs), s[0] + s[1] + s[2]);
+  }
+  std::vector<std::uint8_t> axis(pairs, 0);
+  std::array<std::size_t, 3> counted{};
+  for (std::size_t p = 0; p < pairs; ++p) {
+    if (sections.order == SectionOrder::chunked) {
+      axis[p] = p < s[0] ? 0 : (p < s[0] + s[1] ? 1 : 2);
+    } else if (p % 3 == 1 && p / 3 < s[1]) {
+      axis[p] = 1;
+    } else if (p % 3 == 2 && p / 3 < s[2]) {
+      axis[p] = 2;
+    }
+    ++counted[axis[p]];
+  }
+  if (counted != s) {
+    fail(fn, "sections.pairs", "interleavable over " + to_text(pairs) + " pairs (p % 3 == axis, p / 3 < section)",
+         listed);
+  }
+  return axis;
+}
+
+template <class T, class U>
+void apply_axes(const char* fn, const View<T>& x, const Table<U>& table, Style style, const std::int64_t* positions,
+                std::size_t axes, const std::vector<std::uint8_t>& axis_of_pair, std::size_t rotary_dim,
+                const Options& options) {
+  const Pass<T> pass{x, x};
+  static const char* const kName[1] = {"x"};
+  check_passes(fn, &pass, 1, kName, kName);
+  check_rotary_fits(fn, kName, &pass, 1, rotary_dim);
+  if (positions == nullptr) fail(fn, "positions", "non-null", nullptr);
+  static const char* const kAxis[2][3] = {{"t", "h", "w"}, {"row", "col", ""}};
+  for (std::size_t a = 0; a < axes; ++a) {
+    for (std::size_t t = 0; t < x.tokens; ++t) {
+      const std::int64_t m = positions[a * x.tokens + t];
+      if (m < 0 || static_cast<std::uint64_t>(m) >= table.positions()) {
+        position_outside(fn, indexed(std::string(kAxis[axes == 3 ? 0 : 1][a]) + " positions", t), m,
+                         table.positions());
+      }
+    }
+  }
+  const MultiAxis<U> source{&table, positions, x.tokens, axis_of_pair.data(), rotary_dim / 2};
+  with_style(style, [&](auto s) {
+    run<decltype(s)::value, xsimd::default_arch, T, U>(&pass, 1, source, rotary_dim, options);
+  });
+}
+
+}  // namespace detail
+
+// M-RoPE in place: positions is [3, tokens] (all t, then all h, then all w);
+// pair p is rotated by positions[axis(p)] * theta_p, axis(p) given by the
+// sections. With all three axes equal this is plain RoPE.
+template <class T, class U>
+void apply_mrope(View<T> x, const Table<U>& table, Style style, const std::int64_t* positions,
+                 const MropeSections& sections, Options options = {}) {
+  detail::check_types<T, U>();
+  const char* fn = "rope::apply_mrope";
+  const std::size_t rotary_dim = detail::resolve_rotary_dim(fn, options, table.rotary_dim());
+  const auto axes = detail::mrope_axes(fn, sections, rotary_dim / 2);
+  detail::apply_axes(fn, x, table, style, positions, 3, axes, rotary_dim, options);
+}
+
+// 2-D axial RoPE in place for image patches: positions is [2, tokens] (all
+// rows, then all columns); the first rotary_dim/4 pairs follow the row, the
+// rest the column. Build the table from axial_frequencies for the usual
+// schedule, one rotary_dim/2-channel RoPE per axis.
+template <class T, class U>
+void apply_axial(View<T> x, const Table<U>& table, Style style, const std::int64_t* positions,
+                 Options options = {}) {
+  detail::check_types<T, U>();
+  const char* fn = "rope::apply_axial";
+  const std::size_t rotary_dim = detail::resolve_rotary_dim(fn, options, table.rotary_dim());
+  if (rotary_dim % 4 != 0) {
+    detail::fail(fn, "rotary_dim", "a multiple of 4 (two axes of pairs)", rotary_dim);
+  }
+  std::vector<std::uint8_t> axes(rotary_dim / 2, 0);
+  std::fill(axes.begin() + static_cast<std::ptrdiff_t>(rotary_dim / 4), axes.end(), std::uint8_t{1});
+  detail::apply_axes(fn, x, table, style, positions, 2, axes, rotary_dim, options);
+}
+
+}  // namespace rope
