@@ -34,7 +34,11 @@ install(FILES
   DESTINATION "${ROPE_CMAKE_DIR}")
 
 # pkg-config: Cflags only (header-only); the dependencies by their own .pc
-# names, as Debian installs them (xsimd.pc, eigen3.pc).
+# names, as Debian installs them (xsimd.pc, eigen3.pc). The prefix is found
+# from the .pc file's own folder, so the files hold wherever the package is
+# installed (cmake --install --prefix, a staging directory).
+file(RELATIVE_PATH ROPE_PC_TO_PREFIX "/prefix/${ROPE_PKGCONFIG_DIR}" "/prefix")
+string(REGEX REPLACE "/$" "" ROPE_PC_TO_PREFIX "${ROPE_PC_TO_PREFIX}")
 configure_file(cmake/rope.pc.in "${CMAKE_CURRENT_BINARY_DIR}/rope.pc" @ONLY)
 install(FILES "${CMAKE_CURRENT_BINARY_DIR}/rope.pc" DESTINATION "${ROPE_PKGCONFIG_DIR}")
 if(TARGET rope_attention)

@@ -1,11 +1,16 @@
-// The program both consumer projects build: it fails (exit 1) unless the
-// rotation it gets through rope::rope preserves the relative-position
-// property <R_m q, R_n k> = <q, R_(n-m) k>.
+// The program every consumer project builds against rope::rope: it fails
+// (exit 1) unless the rotation preserves the relative-position property
+// <R_m q, R_n k> = <q, R_(n-m) k>. The core must not need Eigen: it fails to
+// compile if <rope/rope.hpp> pulls Eigen in.
 #include <cmath>
 #include <cstdio>
 #include <vector>
 
 #include <rope/rope.hpp>
+
+#if defined(EIGEN_WORLD_VERSION)
+#error "<rope/rope.hpp> must not include Eigen: the core needs xsimd alone"
+#endif
 
 int main() {
   constexpr std::size_t head_dim = 64;

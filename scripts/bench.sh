@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/deps.sh cmake ninja-build g++ libxsimd-dev libeigen3-dev libbenchmark-dev python3
+bash scripts/deps.sh cmake ninja-build g++ libxsimd-dev libeigen3-dev libbenchmark-dev python3 python3-matplotlib
 
 cmake --preset bench >/dev/null
 cmake --build --preset bench --target rope_bench

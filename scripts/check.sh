@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(asan clang tsan fuzz)
 
-bash scripts/deps.sh cmake ninja-build g++ clang libclang-rt-14-dev libxsimd-dev libeigen3-dev \
+bash scripts/deps.sh cmake ninja-build g++ clang libclang-rt-14-dev pkg-config libxsimd-dev libeigen3-dev \
   libgtest-dev libbenchmark-dev
 
 jobs="${ROPE_JOBS:-2}"

@@ -1,8 +1,14 @@
-# Builds and runs a consumer project of rope, as a user would.
-#   MODE=find_package:    install rope from ROPE_BINARY_DIR into a scratch
-#                         prefix, then build examples/find_package against it.
-#   MODE=add_subdirectory: build examples/add_subdirectory, which adds
-#                         ROPE_SOURCE_DIR as a subdirectory.
+# Builds and runs a consumer project of rope, as a user would (cmake -P).
+#   MODE=install            install rope from ROPE_BINARY_DIR into PREFIX
+#   MODE=find_package       build examples/find_package against PREFIX and run
+#                           its programs; ARGS passes cache entries, e.g.
+#                           -DROPE_CONSUMER_VERSION=1.0
+#   MODE=add_subdirectory   build examples/add_subdirectory (rope vendored)
+#   MODE=fetch_content      build examples/fetch_content (FetchContent, local)
+#   MODE=pkg_config         compile the consumer programs with nothing but
+#                           `pkg-config --cflags` of the installed .pc files
+# EXPECT_FAILURE=ON: the configure step must fail (a refused version, a
+# missing component); FAILURE_MATCH: text its output must contain.
 cmake_minimum_required(VERSION 3.16)
 
 function(run)
@@ -13,22 +19,68 @@ function(run)
   endif()
 endfunction()
 
+function(run_programs dir)
+  foreach(program rope_consumer rope_consumer_attention)
+    if(EXISTS "${dir}/${program}")
+      run("${dir}/${program}")
+    elseif(program STREQUAL "rope_consumer")
+      message(FATAL_ERROR "${dir}/${program} was not built")
+    endif()
+  endforeach()
+endfunction()
+
+if(MODE STREQUAL "install")
+  file(REMOVE_RECURSE "${PREFIX}")
+  run(${CMAKE_COMMAND} --install "${ROPE_BINARY_DIR}" --prefix "${PREFIX}")
+  return()
+endif()
+
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 
+if(MODE STREQUAL "pkg_config")
+  set(ENV{PKG_CONFIG_PATH} "${PREFIX}/share/pkgconfig")
+  foreach(pair "rope;consumer" "rope-attention;consumer_attention")
+    list(GET pair 0 package)
+    list(GET pair 1 program)
+    execute_process(COMMAND pkg-config --cflags ${package} OUTPUT_VARIABLE cflags RESULT_VARIABLE rc
+                    OUTPUT_STRIP_TRAILING_WHITESPACE)
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "pkg-config --cflags ${package} failed (${rc})")
+    endif()
+    message(STATUS "pkg-config --cflags ${package}: ${cflags}")
+    separate_arguments(cflags UNIX_COMMAND "${cflags}")
+    run(${CXX} -std=c++17 -O1 ${cflags} "${ROPE_SOURCE_DIR}/examples/${program}.cpp"
+        -o "${WORK_DIR}/rope_${program}")
+  endforeach()
+  run_programs("${WORK_DIR}")
+  return()
+endif()
+
 if(MODE STREQUAL "find_package")
-  set(prefix "${WORK_DIR}/prefix")
-  run(${CMAKE_COMMAND} --install "${ROPE_BINARY_DIR}" --prefix "${prefix}")
   set(source "${ROPE_SOURCE_DIR}/examples/find_package")
-  set(extra "-DCMAKE_PREFIX_PATH=${prefix}")
-elseif(MODE STREQUAL "add_subdirectory")
-  set(source "${ROPE_SOURCE_DIR}/examples/add_subdirectory")
+  set(extra "-DCMAKE_PREFIX_PATH=${PREFIX}")
+elseif(MODE STREQUAL "add_subdirectory" OR MODE STREQUAL "fetch_content")
+  set(source "${ROPE_SOURCE_DIR}/examples/${MODE}")
   set(extra "-DROPE_SOURCE_DIR=${ROPE_SOURCE_DIR}")
 else()
   message(FATAL_ERROR "unknown MODE '${MODE}'")
 endif()
+separate_arguments(args UNIX_COMMAND "${ARGS}")
 
-run(${CMAKE_COMMAND} -S "${source}" -B "${WORK_DIR}/build" -G "${GENERATOR}"
-    "-DCMAKE_CXX_COMPILER=${CXX}" -DCMAKE_BUILD_TYPE=Release ${extra})
+set(configure ${CMAKE_COMMAND} -S "${source}" -B "${WORK_DIR}/build" -G "${GENERATOR}"
+    "-DCMAKE_CXX_COMPILER=${CXX}" -DCMAKE_BUILD_TYPE=Release ${extra} ${args})
+if(EXPECT_FAILURE)
+  execute_process(COMMAND ${configure} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(rc EQUAL 0)
+    message(FATAL_ERROR "configuring ${source} with ${ARGS} succeeded; it must fail")
+  endif()
+  if(FAILURE_MATCH AND NOT "${out}${err}" MATCHES "${FAILURE_MATCH}")
+    message(FATAL_ERROR "configure failed, but not with '${FAILURE_MATCH}':\n${out}${err}")
+  endif()
+  message(STATUS "refused as expected: ${FAILURE_MATCH}")
+  return()
+endif()
+run(${configure})
 run(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
-run("${WORK_DIR}/build/rope_consumer")
+run_programs("${WORK_DIR}/build")
