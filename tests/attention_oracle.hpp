@@ -107,14 +107,17 @@ inline Mat naive_softmax(const Mat& q, const Mat& k, const Mat& v, const std::ve
 
 inline LD guard(LD r, LD delta) { return std::fabs(r) <= delta ? r + 2 * delta : r; }
 
-// out = (N V) / g(rowsum(D)), N_ij = qn_i . kn_j, D_ij = qd_i . kd_j, tril'd when causal.
+// out = (N V) / g(rowsum(D)), N_ij = qn_i . kn_j, D_ij = qd_i . kd_j, tril'd when
+// causal: key j is summed for query i iff pk_j <= pq_i (positions given) or
+// j <= i (none given).
 inline Mat quadratic(const Mat& qn, const Mat& qd, const Mat& kn, const Mat& kd, const Mat& v, bool causal,
-                     LD delta = 1e-6L) {
+                     LD delta = 1e-6L, const std::vector<std::int64_t>& pq = {},
+                     const std::vector<std::int64_t>& pk = {}) {
   Mat out(qn.size(), std::vector<LD>(v[0].size(), 0));
   for (std::size_t i = 0; i < qn.size(); ++i) {
     LD den = 0;
     for (std::size_t j = 0; j < kn.size(); ++j) {
-      if (causal && j > i) break;
+      if (causal && (pq.empty() ? j > i : pk[j] > pq[i])) continue;
       const LD n = dot(qn[i], kn[j]);
       den += dot(qd[i], kd[j]);
       for (std::size_t c = 0; c < v[j].size(); ++c) out[i][c] += n * v[j][c];
@@ -122,6 +125,17 @@ inline Mat quadratic(const Mat& qn, const Mat& qd, const Mat& kn, const Mat& kd,
     for (auto& x : out[i]) x /= guard(den, delta);
   }
   return out;
+}
+
+// Distinct positions in increasing order, n of them below limit.
+inline std::vector<std::int64_t> increasing_positions(std::size_t n, std::int64_t limit, std::uint32_t seed) {
+  std::vector<std::int64_t> all(static_cast<std::size_t>(limit));
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::int64_t>(i);
+  std::mt19937 gen(seed);
+  std::shuffle(all.begin(), all.end(), gen);
+  all.resize(n);
+  std::sort(all.begin(), all.end());
+  return all;
 }
 
 // max |got - want| / max |want|: the relative error of a whole output.

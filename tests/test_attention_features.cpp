@@ -304,11 +304,11 @@ TEST(Features, BadInputThrows) {
   EXPECT_NE(message([&] { FavorFeatures(4, fo); }).find("options.eps must be finite and >= 0"), std::string::npos);
   const FavorFeatures phi(4);
   const Matrix<double> x = at::random_matrix<double>(2, 5, 1);
-  EXPECT_NE(message([&] { (void)phi.queries(x); }).find("x has 5 columns but head_dim is 4"), std::string::npos);
+  EXPECT_NE(message([&] { (void)phi.queries(x); }).find("x.cols() must be head_dim = 4, got 5"), std::string::npos);
   fo = {};
   fo.kind = FeatureKind::relu;
   const FavorFeatures relu(5, fo);
-  EXPECT_NE(message([&] { (void)relu.log_features(x); }).find("relu, which has no exponents"), std::string::npos);
+  EXPECT_NE(message([&] { (void)relu.log_features(x); }).find("options.kind must be FeatureKind::positive (relu features have no exponents), got relu"), std::string::npos);
 }
 
 }  // namespace

@@ -145,7 +145,9 @@ TYPED_TEST(LinearTyped, RecurrentStepsEqualBatch) {
   // Eq. 19: numerator features rotated at the token's position.
   const rope::Table<T> table(rope::frequencies(m, 10000.0), 64);
   const Rotation<T> rope{&table, Style::rotate_half};
-  o.q_positions = at::random_positions(l, 64, 26);
+  // Increasing positions: the causal mask by position is then the order of
+  // the rows, as the recurrent steps take them.
+  o.q_positions = at::increasing_positions(l, 64, 26);
   o.k_positions = o.q_positions;
   const Matrix<T> eq19_batch = rope::attention::linear_eq19(fq, fk, v, rope, o);
   LinearState<T> eq19_state(m, dv);
@@ -181,7 +183,8 @@ TYPED_TEST(LinearTyped, Eq19EqualsQuadraticForm) {
       kn[i] = at::rotate(kd[i], freqs.inv_freq, style, at::LD(o.k_positions[i]));
     }
     for (const bool causal : {false, true}) {
-      const auto want = at::quadratic(qn, qd, kn, kd, at::to_ld(v), causal);
+      // Causal masks by position: key j is summed for query i iff pk_j <= pq_i.
+      const auto want = at::quadratic(qn, qd, kn, kd, at::to_ld(v), causal, 1e-6L, o.q_positions, o.k_positions);
       for (const std::size_t chunk : {std::size_t{1}, std::size_t{4}, std::size_t{29}}) {
         o.causal = causal;
         o.chunk = chunk;
@@ -225,7 +228,7 @@ TEST(Linear, FavorEq19EqualsQuadraticForm) {
   for (const bool causal : {false, true}) {
     o.causal = causal;
     o.chunk = 5;
-    const auto want = at::quadratic(qn, qd, kn, kd, at::to_ld(v), causal, 0.0L);
+    const auto want = at::quadratic(qn, qd, kn, kd, at::to_ld(v), causal, 0.0L, o.q_positions, o.k_positions);
     const Matrix<double> got = rope::attention::linear_eq19(q, k, v, phi, Rotation<double>{&table, Style::block_diagonal}, o);
     EXPECT_LE(at::relative_error(got, want), 1e-12) << "causal " << causal;
   }
@@ -258,10 +261,8 @@ TYPED_TEST(LinearTyped, PrePhiEqualsRotatingFirst) {
     for (const std::size_t chunk : {std::size_t{1}, std::size_t{4}, std::size_t{31}}) {
       o.causal = causal;
       o.chunk = chunk;
-      LinearOptions plain = o;
-      plain.q_positions.clear();
-      plain.k_positions.clear();
-      const Matrix<T> want = rope::attention::linear(qr, kr, v, phi, plain);
+      // The same positions mask both calls; only the rotation differs.
+      const Matrix<T> want = rope::attention::linear(qr, kr, v, phi, o);
       const Matrix<T> got = rope::attention::linear(q, k, v, phi, o, Rotation<T>{&table, Style::block_diagonal});
       EXPECT_LE(at::relative_error(got, want), at::exact_tolerance<T>()) << "causal " << causal << " chunk " << chunk;
     }
@@ -281,9 +282,9 @@ TYPED_TEST(LinearTyped, Eq19PositionIdentities) {
       LinearOptions o;
       o.causal = causal;
       o.chunk = 6;
-      const Matrix<T> plain = rope::attention::linear(fq, fk, v, o);
       o.q_positions.assign(l, 77);
       o.k_positions.assign(l, 77);
+      const Matrix<T> plain = rope::attention::linear(fq, fk, v, o);
       const Matrix<T> same = rope::attention::linear_eq19(fq, fk, v, Rotation<T>{&table, style}, o);
       EXPECT_LE(at::relative_error(same, plain), at::exact_tolerance<T>()) << rope::name(style);
       o.q_positions = at::random_positions(l, 100, 54);
@@ -333,7 +334,7 @@ TEST(Linear, Eq19GoldenValues) {
   state.push(kn0, fk.row(0), v.row(0));
   state.push(kn1, fk.row(1), v.row(1));
   EXPECT_NEAR(state.read(qrot, fq.row(0))[0], 0.3632570843, 1e-10);
-  EXPECT_NEAR(state.z()[0], 1.6, 1e-15);  // the denominator sum, unrotated
+  EXPECT_NEAR(state.key_sum()[0], 1.6, 1e-15);  // the denominator sum, unrotated
 }
 
 // E7: with eps = 0, query-row and key offsets leave the outputs unchanged.
@@ -465,38 +466,37 @@ TEST(Linear, BadInputThrows) {
   const rope::Table<double> table4(rope::frequencies(4, 10000.0), 8);
   using rope::attention::linear;
   using rope::attention::linear_eq19;
-  EXPECT_NE(message([&] { linear_eq19(f3, f3, v, Rotation<double>{&table4}); }).find("must be even for eq. 19 (pairs of features), got 3"),
+  EXPECT_NE(message([&] { linear_eq19(f3, f3, v, Rotation<double>{&table4}); }).find("the feature dimension m must be even for eq. 19 (pairs of features), got 3"),
             std::string::npos);
   const rope::Table<double> table2(rope::frequencies(2, 10000.0), 8);
-  EXPECT_NE(message([&] { linear_eq19(f4, f4, v, Rotation<double>{&table2}); }).find("rotates 2 channels but the feature dimension m is 4"),
+  EXPECT_NE(message([&] { linear_eq19(f4, f4, v, Rotation<double>{&table2}); }).find("feature_rotation.rotary_dim must be the feature dimension m = 4"),
             std::string::npos);
-  EXPECT_NE(message([&] { linear_eq19(f4, f4, v, Rotation<double>{}); }).find("feature_rope.table is null"),
+  EXPECT_NE(message([&] { linear_eq19(f4, f4, v, Rotation<double>{}); }).find("feature_rotation.table must be non-null, got null"),
             std::string::npos);
   LinearOptions o;
   o.q_positions = {0, 1, 2, 8};
-  EXPECT_NE(message([&] { linear_eq19(f4, f4, v, Rotation<double>{&table4}, o); }).find("out_of_range: rope::attention::linear_eq19: options.q_positions[3] is 8"),
+  EXPECT_NE(message([&] { linear_eq19(f4, f4, v, Rotation<double>{&table4}, o); }).find("out_of_range: rope::attention::linear_eq19: options.q_positions[3] must be in the table's positions [0, 8), got 8"),
             std::string::npos);
   o = {};
   o.chunk = 0;
   EXPECT_NE(message([&] { linear(f4, f4, v, o); }).find("options.chunk must be at least 1, got 0"), std::string::npos);
   o = {};
-  o.causal = true;
-  EXPECT_NE(message([&] { linear(f4, Matrix<double>(f4.topRows(3)), Matrix<double>(v.topRows(3)), o); })
-                .find("as many queries as keys, got 4 and 3"),
-            std::string::npos);
-  EXPECT_NE(message([&] { linear(f4, f3, v); }).find("query features have 4 columns but key features 3"),
+  o.causal = true;  // causal by position: 4 queries may see 3 keys
+  EXPECT_EQ(message([&] { linear(f4, Matrix<double>(f4.topRows(3)), Matrix<double>(v.topRows(3)), o); }),
+            "no exception");
+  EXPECT_NE(message([&] { linear(f4, f3, v); }).find("k.cols() must be q.cols() = 4, got 3"),
             std::string::npos);
   o = {};
   o.delta = -1;
   EXPECT_NE(message([&] { linear(f4, f4, v, o); }).find("options.delta"), std::string::npos);
   const FavorFeatures phi(5);
-  EXPECT_NE(message([&] { linear(f4, f4, v, phi); }).find("feature map's head_dim is 5"), std::string::npos);
+  EXPECT_NE(message([&] { linear(f4, f4, v, phi); }).find("must be the feature map's head_dim 5, got 4"), std::string::npos);
   LinearState<double> state(4, 2);
-  EXPECT_NE(message([&] { state.push(f3.row(0), v.row(0)); }).find("kn has 3 values, expected 4"), std::string::npos);
-  EXPECT_NE(message([&] { (void)state.read(f3.row(0)); }).find("qn has 3 values, expected 4"), std::string::npos);
+  EXPECT_NE(message([&] { state.push(f3.row(0), v.row(0)); }).find("kn.size() must be 4, got 3"), std::string::npos);
+  EXPECT_NE(message([&] { (void)state.read(f3.row(0)); }).find("qn.size() must be 4, got 3"), std::string::npos);
   EXPECT_NE(message([&] { LinearState<double>(0, 2); }).find("features must be at least 1, got 0"), std::string::npos);
   // A failed push leaves the state as it was.
-  EXPECT_EQ(state.z().squaredNorm(), 0.0);
+  EXPECT_EQ(state.key_sum().squaredNorm(), 0.0);
 }
 
 }  // namespace

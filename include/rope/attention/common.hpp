@@ -1,31 +1,43 @@
 // rope/attention/common.hpp — what every attention header shares: the matrix
-// types, RoPE inside attention (rotate Q and K, never V), positions, checks.
+// types, RoPE inside attention (rotate Q and K, never V), which keys a query
+// sees (causal, sliding window, sequence ids, all by position), the checks
+// and the thread pool of a call.
 //
 //   q_i -> R_(pq_i) q_i,  k_j -> R_(pk_j) k_j   (R_p: the library's rotation)
+//   key j is visible to query i iff  (not causal or pk_j <= pq_i)
+//                                and (window == 0 or pk_j > pq_i - window)
+//                                and (no sequence ids or sq_i == sk_j)
 //
 // Layout: one batch x head is a matrix with one token per row (Lq x d for Q,
 // Lk x d for K, Lk x dv for V). The public functions take any Eigen
 // expression; they bind it to a row-major Ref with an outer stride, so
 // row-major matrices and Maps over strided token rows are read in place and
-// column-major ones are copied once. Results are row-major Matrix<T>.
-// Positions are std::int64_t, one per row; an empty vector means 0 .. L-1.
+// column-major ones are copied once. Results are row-major Matrix<T>. The
+// multi-head functions take rope::View tensors [tokens, heads, head_dim]
+// (view.hpp) and write straight into the caller's output view.
+// Positions and sequence ids are std::int64_t, one per row; empty position
+// vectors mean offset + 0 .. L-1.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
 #include <Eigen/Core>
 
+#include "../detail/error.hpp"
 #include "../kernels.hpp"
-#include "../view.hpp"
 #include "../style.hpp"
 #include "../table.hpp"
+#include "../view.hpp"
 
 namespace rope::attention {
 
@@ -49,9 +61,9 @@ struct Rotation {
 
 namespace detail {
 
-[[noreturn]] inline void fail(const char* fn, const std::string& what) {
-  throw std::invalid_argument(std::string(fn) + ": " + what);
-}
+using rope::detail::fail;
+using rope::detail::indexed;
+using rope::detail::to_text;
 
 template <class T>
 constexpr void check_scalar() noexcept {
@@ -65,70 +77,156 @@ constexpr void check_same_scalar() noexcept {
                 "rope::attention: every matrix argument must have the same scalar type");
 }
 
-inline std::string shape(std::ptrdiff_t rows, std::ptrdiff_t cols) {
-  return std::to_string(rows) + " x " + std::to_string(cols);
+// Rows and block sizes leave size_t for Eigen::Index (signed): a count no
+// matrix can have is clamped to the rows there are, never wrapped negative.
+inline Eigen::Index index_of(std::size_t n, std::size_t limit) noexcept {
+  return static_cast<Eigen::Index>(std::min(n, std::max<std::size_t>(limit, 1)));
 }
 
-// Position of row i: positions[i], or i when positions is empty.
-inline std::int64_t position_at(const std::vector<std::int64_t>& positions, std::size_t i) noexcept {
-  return positions.empty() ? static_cast<std::int64_t>(i) : positions[i];
-}
-
-inline void check_positions_size(const char* fn, const char* name, const std::vector<std::int64_t>& positions,
-                                 std::size_t rows) {
-  if (!positions.empty() && positions.size() != rows) {
-    fail(fn, std::string(name) + ".size() is " + std::to_string(positions.size()) + " but there are " +
-                 std::to_string(rows) + " rows");
-  }
-}
-
-// The rotary width a Rotation asks for, checked against the head dimension.
+// A row-major map over strided rows: `rows` rows of `cols` values, row r at data + r * stride.
 template <class T>
-std::size_t rotary_width(const char* fn, const Rotation<T>& rope, std::size_t head_dim) {
-  if (rope.table == nullptr) return 0;
-  const std::size_t r = rope.rotary_dim == 0 ? rope.table->rotary_dim() : rope.rotary_dim;
-  if (r % 2 != 0) fail(fn, "rope.rotary_dim must be even, got " + std::to_string(r));
-  if (r > rope.table->rotary_dim()) {
-    fail(fn, "rope.rotary_dim " + std::to_string(r) + " exceeds the table's rotary_dim " +
-                 std::to_string(rope.table->rotary_dim()));
+using RowsMap = Eigen::Map<Matrix<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
+template <class T>
+using ConstRowsMap = Eigen::Map<const Matrix<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
+
+// Which keys each query sees, by position and sequence (see the header
+// comment). Positions are ids[i] when given, else offset + i.
+struct Visibility {
+  bool causal = false;
+  std::size_t window = 0;  // 0: no window
+  const std::int64_t* q_ids = nullptr;
+  const std::int64_t* k_ids = nullptr;
+  std::int64_t q_offset = 0, k_offset = 0;
+  const std::int64_t* q_sequence = nullptr;  // null: one sequence
+  const std::int64_t* k_sequence = nullptr;
+
+  std::int64_t q_position(std::size_t i) const noexcept {
+    return q_ids ? q_ids[i] : q_offset + static_cast<std::int64_t>(i);
   }
-  if (r > head_dim) {
-    fail(fn, "rope.rotary_dim " + std::to_string(r) + " exceeds the head dimension " + std::to_string(head_dim));
+  std::int64_t k_position(std::size_t j) const noexcept {
+    return k_ids ? k_ids[j] : k_offset + static_cast<std::int64_t>(j);
   }
-  return r;
-}
+  std::int64_t q_seq(std::size_t i) const noexcept { return q_sequence ? q_sequence[i] : 0; }
+  std::int64_t k_seq(std::size_t j) const noexcept { return k_sequence ? k_sequence[j] : 0; }
+  bool masks() const noexcept { return causal || window != 0 || q_sequence != nullptr; }
+
+  // pq - pk < window without overflow: the difference of two int64 can
+  // leave the range, its unsigned form (pq >= pk here) cannot.
+  bool in_window(std::int64_t pq, std::int64_t pk) const noexcept {
+    if (window == 0 || pk > pq) return true;
+    return static_cast<std::uint64_t>(pq) - static_cast<std::uint64_t>(pk) < window;
+  }
+  bool visible(std::size_t i, std::size_t j) const noexcept {
+    const std::int64_t pq = q_position(i), pk = k_position(j);
+    if (causal && pk > pq) return false;
+    if (!in_window(pq, pk)) return false;
+    return q_seq(i) == k_seq(j);
+  }
+
+  // Whether the keys are ordered by (sequence, position): then every
+  // query sees one contiguous range of keys, found by binary search.
+  bool keys_sorted(std::size_t lk) const noexcept {
+    for (std::size_t j = 1; j < lk; ++j) {
+      const std::int64_t s0 = k_seq(j - 1), s1 = k_seq(j);
+      if (s1 < s0 || (s1 == s0 && k_position(j) < k_position(j - 1))) return false;
+    }
+    return true;
+  }
+  // Keys [lo, hi) visible to query i when keys_sorted().
+  void range(std::size_t i, std::size_t lk, std::size_t& lo, std::size_t& hi) const noexcept {
+    const std::int64_t s = q_seq(i), pq = q_position(i);
+    // First key of (sequence s, position > pq - window), then first key past
+    // (s, pq) when causal or past sequence s otherwise.
+    std::size_t a = 0, b = lk;
+    while (a < b) {
+      const std::size_t mid = a + (b - a) / 2;
+      const std::int64_t sm = k_seq(mid);
+      const bool before = sm < s || (sm == s && !in_window(pq, k_position(mid)) && k_position(mid) <= pq);
+      if (before) a = mid + 1; else b = mid;
+    }
+    lo = a;
+    b = lk;
+    while (a < b) {
+      const std::size_t mid = a + (b - a) / 2;
+      const std::int64_t sm = k_seq(mid);
+      const bool inside = sm < s || (sm == s && (!causal || k_position(mid) <= pq));
+      if (inside) a = mid + 1; else b = mid;
+    }
+    hi = a;
+  }
+};
 
 // Positions must index the table's rows (std::out_of_range, like rope::apply).
 template <class T>
-void check_table_positions(const char* fn, const char* name, const Rotation<T>& rope,
-                           const std::vector<std::int64_t>& positions, std::size_t rows) {
-  if (rope.table == nullptr) return;
-  const auto limit = rope.table->positions();
+void check_table_positions(const char* fn, const char* name, const Table<T>* table, const std::int64_t* ids,
+                           std::int64_t offset, std::size_t rows) {
+  if (table == nullptr || rows == 0) return;
+  const auto limit = table->positions();
+  const std::string range = "in the table's positions [0, " + to_text(limit) + ")";
+  if (ids == nullptr) {
+    const auto last = static_cast<std::uint64_t>(offset) + (rows - 1);
+    if (offset < 0) fail<std::out_of_range>(fn, name, range, offset);
+    if (last >= limit) fail<std::out_of_range>(fn, std::string(name) + " + " + to_text(rows - 1), range, last);
+    return;
+  }
   for (std::size_t i = 0; i < rows; ++i) {
-    const std::int64_t p = position_at(positions, i);
-    if (p < 0 || static_cast<std::uint64_t>(p) >= limit) {
-      throw std::out_of_range(std::string(fn) + ": " + name + "[" + std::to_string(i) + "] is " +
-                              std::to_string(p) + ", outside the table's positions [0, " + std::to_string(limit) +
-                              ")");
+    if (ids[i] < 0 || static_cast<std::uint64_t>(ids[i]) >= limit) {
+      fail<std::out_of_range>(fn, indexed(name, i), range, ids[i]);
     }
   }
 }
 
-// Rotates every row (token) of x in place by its position (already checked); row i
-// of x is token first + i.
-template <class T>
-void rotate_matrix(Matrix<T>& x, const Rotation<T>& rope, std::size_t rotary_dim,
-                 const std::vector<std::int64_t>& positions, Eigen::Index first = 0) {
-  if (rope.table == nullptr || rotary_dim == 0) return;
-  for (Eigen::Index i = 0; i < x.rows(); ++i) {
-    const auto p = static_cast<std::size_t>(position_at(positions, static_cast<std::size_t>(first + i)));
-    T* row = x.row(i).data();
-    if (rope.style == Style::rotate_half) {
-      rope::rotate<Style::rotate_half, T>(row, row, rope.table->cos(p), rope.table->sin(p), rotary_dim);
-    } else {
-      rope::rotate<Style::block_diagonal, T>(row, row, rope.table->cos(p), rope.table->sin(p), rotary_dim);
-    }
+inline void check_size(const char* fn, const char* name, const std::vector<std::int64_t>& v, std::size_t rows) {
+  if (!v.empty() && v.size() != rows) {
+    fail(fn, std::string(name) + ".size()", "0 or the number of rows " + to_text(rows), v.size());
   }
+}
+
+// The rotary width a Rotation asks for, checked against the table and the
+// rows it rotates.
+template <class T>
+std::size_t rotary_width(const char* fn, const char* name, const Rotation<T>& rotation, std::size_t head_dim) {
+  if (rotation.table == nullptr) return 0;
+  const std::size_t table_dim = rotation.table->rotary_dim();
+  const std::size_t r = rotation.rotary_dim == 0 ? table_dim : rotation.rotary_dim;
+  const std::string field = std::string(name) + ".rotary_dim";
+  if (r % 2 != 0) fail(fn, field, "even", r);
+  if (r > table_dim) fail(fn, field, "<= its table's rotary_dim " + to_text(table_dim), r);
+  if (r > head_dim) fail(fn, field, "<= the head dimension " + to_text(head_dim), r);
+  return r;
+}
+
+// Rotates `rows` rows of `width` values in place, row r at x + r * stride at
+// position positions[r] (already checked); channels past rotary_dim stay.
+template <class T>
+void rotate_rows_at(T* x, std::size_t stride, std::size_t rows, const Rotation<T>& rotation, std::size_t rotary_dim,
+                    const std::int64_t* positions) noexcept {
+  if (rotation.table == nullptr || rotary_dim == 0) return;
+  with_style(rotation.style, [&](auto s) {
+    for (std::size_t r = 0; r < rows; ++r) {
+      const auto m = static_cast<std::size_t>(positions[r]);
+      T* row = x + r * stride;
+      rotate_heads<decltype(s)::value, T>(row, 0, row, 0, 1, rotation.table->cos(m), rotation.table->sin(m),
+                                          rotary_dim);
+    }
+  });
+}
+
+// Rotates every row (token) of x in place by its position (already
+// checked); row i of x is token first + i of `visibility`'s queries (or keys).
+template <class T>
+void rotate_matrix(Matrix<T>& x, const Rotation<T>& rotation, std::size_t rotary_dim, const std::int64_t* ids,
+                   std::int64_t offset, Eigen::Index first = 0) {
+  if (rotation.table == nullptr || rotary_dim == 0) return;
+  with_style(rotation.style, [&](auto s) {
+    for (Eigen::Index i = 0; i < x.rows(); ++i) {
+      const std::size_t t = static_cast<std::size_t>(first + i);
+      const auto m = static_cast<std::size_t>(ids ? ids[t] : offset + static_cast<std::int64_t>(t));
+      T* row = x.row(i).data();
+      rotate_heads<decltype(s)::value, T>(row, 0, row, 0, 1, rotation.table->cos(m), rotation.table->sin(m),
+                                          rotary_dim);
+    }
+  });
 }
 
 // x_i <- x_i - c_i for every row i, or exp(x_i - c_i) when exponentiate: a
@@ -149,6 +247,83 @@ void shift_rows(Eigen::MatrixBase<Derived>& x, const V& c, bool exponentiate) {
 template <class T>
 T guard(T r, T delta) noexcept {
   return std::abs(r) <= delta ? r + 2 * delta : r;
+}
+
+// Runs work(item, worker) for items 0 .. count-1 on `threads` threads (the
+// caller is one of them). Item i always goes to the same contiguous share
+// whatever the thread count, and each item is computed the same way, so the
+// results do not depend on it. A thread that cannot start has its share run
+// by the caller; an exception in a worker (memory exhausted) is rethrown
+// here after every thread has joined.
+template <class Work>
+void parallel_for(std::size_t count, std::size_t threads, Work&& work) {
+  const std::size_t workers = std::max<std::size_t>(1, std::min(threads, count));
+  const auto share = [&](std::size_t w) {
+    for (std::size_t i = count * w / workers; i < count * (w + 1) / workers; ++i) work(i, w);
+  };
+  if (workers == 1) {
+    share(0);
+    return;
+  }
+  std::vector<std::exception_ptr> errors(workers);
+  const auto guarded = [&](std::size_t w) noexcept {
+    try {
+      share(w);
+    } catch (...) {
+      errors[w] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(workers - 1);
+  std::size_t started = 1;
+  for (; started < workers; ++started) {
+    try {
+      pool.emplace_back(guarded, started);
+    } catch (...) {
+      break;
+    }
+  }
+  for (std::size_t w = started; w < workers; ++w) guarded(w);
+  guarded(0);
+  for (auto& t : pool) t.join();
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+// Multi-head tensors: every view valid alone, shapes consistent, grouped
+// heads (q.heads a multiple of k.heads), and out sharing no element with
+// any input (heads are written as they finish).
+template <class T>
+void check_heads(const char* fn, const View<const T>& q, const View<const T>& k, const View<const T>& v,
+                 const View<T>& out) {
+  using rope::detail::check_disjoint;
+  using rope::detail::check_view;
+  check_view(fn, "q", q);
+  check_view(fn, "k", k);
+  check_view(fn, "v", v);
+  check_view(fn, "out", out);
+  if (k.heads == 0 || q.heads % k.heads != 0) fail(fn, "k.heads", "a divisor of q.heads = " + to_text(q.heads), k.heads);
+  if (v.heads != k.heads) fail(fn, "v.heads", "k.heads = " + to_text(k.heads), v.heads);
+  if (v.tokens != k.tokens) fail(fn, "v.tokens", "k.tokens = " + to_text(k.tokens), v.tokens);
+  if (k.head_dim != q.head_dim) fail(fn, "k.head_dim", "q.head_dim = " + to_text(q.head_dim), k.head_dim);
+  if (out.tokens != q.tokens) fail(fn, "out.tokens", "q.tokens = " + to_text(q.tokens), out.tokens);
+  if (out.heads != q.heads) fail(fn, "out.heads", "q.heads = " + to_text(q.heads), out.heads);
+  if (out.head_dim != v.head_dim) fail(fn, "out.head_dim", "v.head_dim = " + to_text(v.head_dim), out.head_dim);
+  check_disjoint(fn, "out", out, "q", q);
+  check_disjoint(fn, "out", out, "k", k);
+  check_disjoint(fn, "out", out, "v", v);
+}
+
+// A view over a one-head matrix: row i is token i.
+template <class T>
+View<T> matrix_view(T* data, Eigen::Index rows, Eigen::Index cols, Eigen::Index stride) noexcept {
+  return View<T>(data, static_cast<std::size_t>(rows), 1, static_cast<std::size_t>(cols),
+                 static_cast<std::size_t>(rows > 1 ? stride : cols), static_cast<std::size_t>(cols));
+}
+template <class T>
+View<const T> matrix_view(const ConstRef<T>& m) noexcept {
+  return matrix_view<const T>(m.data(), m.rows(), m.cols(), m.outerStride());
 }
 
 }  // namespace detail

@@ -118,13 +118,11 @@ class Normal {
 
 class FavorFeatures {
  public:
-  FavorFeatures(std::size_t head_dim, const FavorOptions& options = {}) : d_(head_dim), options_(options) {
+  explicit FavorFeatures(std::size_t head_dim, const FavorOptions& options = {}) : d_(head_dim), options_(options) {
     const char* fn = "rope::attention::FavorFeatures";
-    if (head_dim == 0) detail::fail(fn, "head_dim must be at least 1, got 0");
-    if (options.features == 0) detail::fail(fn, "options.features must be at least 1, got 0");
-    if (!(options.eps >= 0.0) || !std::isfinite(options.eps)) {
-      detail::fail(fn, "options.eps must be finite and >= 0, got " + std::to_string(options.eps));
-    }
+    if (head_dim == 0) detail::fail(fn, "head_dim", "at least 1", head_dim);
+    if (options.features == 0) detail::fail(fn, "options.features", "at least 1", options.features);
+    if (!(options.eps >= 0.0) || !std::isfinite(options.eps)) detail::fail(fn, "options.eps", "finite and >= 0", options.eps);
     draw();
   }
 
@@ -175,7 +173,9 @@ class FavorFeatures {
   ScaledFeatures<typename D::Scalar> scaled_keys(const Eigen::MatrixBase<D>& x) const {
     using T = typename D::Scalar;
     const char* fn = "rope::attention::FavorFeatures::scaled_keys";
-    if (options_.kind != FeatureKind::positive) detail::fail(fn, "options.kind is relu, which has no exponents");
+    if (options_.kind != FeatureKind::positive) {
+      detail::fail(fn, "options.kind", "FeatureKind::positive (relu features have no exponents)", "relu");
+    }
     const ConstRef<T> xr(x.derived());
     check_input(fn, xr);
     const T scale = static_cast<T>(std::pow(static_cast<double>(d_), -0.25));
@@ -196,7 +196,9 @@ class FavorFeatures {
   LogFeatures<typename D::Scalar> log_features(const Eigen::MatrixBase<D>& x) const {
     using T = typename D::Scalar;
     const char* fn = "rope::attention::FavorFeatures::log_features";
-    if (options_.kind != FeatureKind::positive) detail::fail(fn, "options.kind is relu, which has no exponents");
+    if (options_.kind != FeatureKind::positive) {
+      detail::fail(fn, "options.kind", "FeatureKind::positive (relu features have no exponents)", "relu");
+    }
     const ConstRef<T> xr(x.derived());
     check_input(fn, xr);
     return exponents(xr);
@@ -206,9 +208,7 @@ class FavorFeatures {
   template <class T>
   void check_input(const char* fn, const ConstRef<T>& x) const {
     detail::check_scalar<T>();
-    if (static_cast<std::size_t>(x.cols()) != d_) {
-      detail::fail(fn, "x has " + std::to_string(x.cols()) + " columns but head_dim is " + std::to_string(d_));
-    }
+    if (static_cast<std::size_t>(x.cols()) != d_) detail::fail(fn, "x.cols()", "head_dim = " + detail::to_text(d_), x.cols());
   }
 
   template <class T>

@@ -1,33 +1,41 @@
 // rope/attention/linear.hpp — linear attention with any feature map, RoPE in
-// RoFormer's eq. 19 form or before the feature map, causal in chunks, and a
-// recurrent step for decoding.
+// RoFormer's eq. 19 form or before the feature map, causal by position, over
+// one head's matrices or multi-head views, with a recurrent state for decoding.
 //
 //   out_i = phi(q_i)^T S / g(phi(q_i)^T z),  S = sum_j phi(k_j) v_j^T,  z = sum_j phi(k_j)
 //   eq. 19: out_i = (R_pq_i phi(q_i))^T S_rot / g(phi(q_i)^T z),
 //           S_rot = sum_j (R_pk_j phi(k_j)) v_j^T,  z not rotated
 //   g(r) = r + 2 delta [|r| <= delta]  (delta = 1e-6)
 //
-// Causal: sums over j <= i (Lq = Lk), evaluated in chunks that carry (S, z):
-// O(L m dv) work, O(m dv + chunk (m + d + chunk)) memory per head beyond
-// inputs and outputs when the FAVOR+ overloads compute features chunk by
-// chunk (the overloads given features take them as L x m inputs). FAVOR+ keys in causal mode use no head-wide offset (it would
-// leak future keys into earlier outputs): each key carries its own log scale
-// s_j (FavorFeatures::scaled_keys), the state the running prefix max c of
-// those, and (S, z) are rescaled by exp(c_old - c_new) when it grows; keys
-// take eps = 0 there. The eq. 19 rotation acts on
-// the m-dimensional features: a Table over rotary_dim m, theta_t = base^(-2t/m)
-// (build it with rope::frequencies(m, base)); its numerator can be negative
-// and is never clamped. The pre-phi mode rotates q, k in d dimensions and
-// then applies phi (numerator and denominator both from rotated features).
+// The sums run over the keys visible to query i: all keys, or with
+// options.causal those with pk_j <= pq_i (and, with sequence ids, of the same
+// sequence), exactly as softmax masks. Tokens are taken in order of
+// (sequence, position), so a causal sum is a prefix sum: evaluated in chunks
+// that carry (S, z) in a LinearState, O(L m dv) work and O(chunk (m + d) +
+// m dv) memory per head. A masked key is left out, never multiplied by zero.
 //
-// Layout: one token per row (common.hpp): features L x m, values L x dv.
+// FAVOR+ keys in causal mode use no head-wide offset (it would leak future
+// keys into earlier outputs): each key carries its own log scale s_j
+// (FavorFeatures::scaled_keys) and the state the running max c of those;
+// (S, z) are rescaled by exp(c_old - c_new) when it grows; keys take eps = 0.
+// The eq. 19 rotation acts on the m-dimensional features (a Table over
+// rotary_dim m: rope::frequencies(m, base)); its attention factor, if not 1,
+// is divided out (a rotation has none). Its numerator can be negative and is
+// never clamped. The pre-phi mode rotates q, k in d dimensions and then
+// applies phi (numerator and denominator both from rotated features).
+//
+// Layout: one token per row (common.hpp): features L x m, values L x dv; the
+// multi-head overloads take rope::View tensors with grouped-query heads, one
+// LinearState per key/value head.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,395 +49,98 @@ namespace rope::attention {
 
 struct LinearOptions {
   bool causal = false;
-  std::size_t chunk = 64;  // causal: tokens per chunk
+  std::size_t chunk = 64;  // tokens per chunk of the prefix sums
   double delta = 1e-6;     // the guard g
-  std::vector<std::int64_t> q_positions, k_positions;  // empty: 0 .. L-1 (eq. 19, pre-phi)
+  std::vector<std::int64_t> q_positions, k_positions;  // empty: q_offset + i, k_offset + j
+  std::int64_t q_offset = 0, k_offset = 0;
+  std::vector<std::int64_t> q_sequence, k_sequence;  // packed batches: no attention across sequences
+  std::size_t threads = 1;  // over key/value heads (and query blocks when not causal)
 };
 
-namespace detail {
-
-// The inputs of the core: numerator and denominator features of queries and
-// keys (the same matrices unless eq. 19 rotates the numerator), and, for
-// causal FAVOR+ keys, per-key log scales s_j: the key's feature is
-// k_j * exp(s_j) (empty: plain features).
-template <class T>
-struct LinearInputs {
-  const Matrix<T>* qn;
-  const Matrix<T>* qd;
-  const Matrix<T>* kn;
-  const Matrix<T>* kd;
-  const Vector<T>* log_scale;  // nullptr or Lk values
-};
-
-inline void check_linear_options(const char* fn, const LinearOptions& o) {
-  if (o.chunk == 0) fail(fn, "options.chunk must be at least 1, got 0");
-  if (!(o.delta >= 0.0) || !std::isfinite(o.delta)) {
-    fail(fn, "options.delta must be finite and >= 0, got " + std::to_string(o.delta));
-  }
-}
-
-inline void check_linear_shapes(const char* fn, std::ptrdiff_t lq, std::ptrdiff_t mq, std::ptrdiff_t lk,
-                                std::ptrdiff_t mk, std::ptrdiff_t lv, const LinearOptions& o) {
-  check_linear_options(fn, o);
-  if (mq != mk) fail(fn, "query features have " + std::to_string(mq) + " columns but key features " + std::to_string(mk));
-  if (mq == 0) fail(fn, "the feature dimension is 0");
-  if (lv != lk) fail(fn, "v has " + std::to_string(lv) + " rows but k has " + std::to_string(lk));
-  if (o.causal && lq != lk) {
-    fail(fn, "causal linear attention needs as many queries as keys, got " + std::to_string(lq) + " and " +
-                 std::to_string(lk));
-  }
-  check_positions_size(fn, "options.q_positions", o.q_positions, static_cast<std::size_t>(lq));
-  check_positions_size(fn, "options.k_positions", o.k_positions, static_cast<std::size_t>(lk));
-}
-
-// Sum of the rows, one contiguous row at a time (a colwise() reduction of a
-// row-major matrix walks the columns with a stride).
-template <class Derived>
-Vector<typename Derived::Scalar> column_sums(const Eigen::MatrixBase<Derived>& x) {
-  Vector<typename Derived::Scalar> z = Vector<typename Derived::Scalar>::Zero(x.cols());
-  for (Eigen::Index i = 0; i < x.rows(); ++i) z += x.row(i).transpose();
-  return z;
-}
-
-template <class T>
-void finish_rows(const Matrix<T>& num, const Vector<T>& den, T delta, Eigen::Index first, Matrix<T>& out) {
-  for (Eigen::Index i = 0; i < num.rows(); ++i) out.row(first + i) = num.row(i) / guard(den[i], delta);
-}
-
-// The causal sums of one head, carried from chunk to chunk: S (m x dv), z,
-// and c, the prefix max of the keys' log scales.
-template <class T>
-class CausalSums {
- public:
-  CausalSums(Eigen::Index m, Eigen::Index dv, T delta)
-      : s_(Matrix<T>::Zero(m, dv)), z_(Vector<T>::Zero(m)), delta_(delta) {}
-
-  // Tokens first .. first+n-1: query and key features of the chunk (qd / kd
-  // used only when the numerator's differ: eq. 19), log scales of its keys
-  // (nullptr: plain features), values; writes their output rows.
-  template <class QN, class QD, class KN, class KD, class V>
-  void add(const QN& qn, const QD& qd, const KN& kn, const KD& kd, bool rotated, const T* log_scale, const V& v,
-           Eigen::Index first, Matrix<T>& out) {
-    const Eigen::Index n = qn.rows();
-    // Earlier chunks, through the carried state.
-    num_.noalias() = qn * s_;
-    den_.noalias() = qd * z_;
-    // This chunk, quadratically: tril(Q K^T), weighted by exp(s_j - c_i).
-    an_.noalias() = qn * kn.transpose();
-    if (rotated) ad_.noalias() = qd * kd.transpose();
-    weights_.setZero(n, n);
-    if (log_scale != nullptr) {
-      const Eigen::Map<const Vector<T>> ls(log_scale, n);
-      ci_.resize(n);
-      T running = c_;
-      for (Eigen::Index i = 0; i < n; ++i) {
-        running = std::max(running, ls[i]);
-        ci_[i] = running;
-      }
-      for (Eigen::Index i = 0; i < n; ++i) {
-        const T carried = c_ == kNegInf ? T(0) : std::exp(c_ - ci_[i]);
-        num_.row(i) *= carried;
-        den_[i] *= carried;
-        weights_.row(i).head(i + 1) = (ls.head(i + 1).array() - ci_[i]).exp().matrix().transpose();
-      }
-    } else {
-      weights_.template triangularView<Eigen::Lower>().setOnes();
-    }
-    an_ = an_.cwiseProduct(weights_);
-    num_.noalias() += an_ * v;
-    if (rotated) {
-      den_ += ad_.cwiseProduct(weights_).rowwise().sum();
-    } else {
-      den_ += an_.rowwise().sum();
-    }
-    finish_rows(num_, den_, delta_, first, out);
-    // Carry the chunk into (S, z), relative to the new prefix max.
-    if (log_scale != nullptr) {
-      const Eigen::Map<const Vector<T>> ls(log_scale, n);
-      const T c_end = ci_[n - 1];
-      const T carried = c_ == kNegInf ? T(0) : std::exp(c_ - c_end);
-      wj_ = (ls.array() - c_end).exp().matrix();
-      s_ *= carried;
-      z_ *= carried;
-      kw_ = wj_.asDiagonal() * kn;
-      s_.noalias() += kw_.transpose() * v;
-      if (rotated) {
-        z_.noalias() += kd.transpose() * wj_;
-      } else {
-        z_ += column_sums(kw_);
-      }
-      c_ = c_end;
-    } else {
-      s_.noalias() += kn.transpose() * v;
-      z_ += column_sums(kd);
-    }
-  }
-
- private:
-  static constexpr T kNegInf = -std::numeric_limits<T>::infinity();
-  Matrix<T> s_;
-  Vector<T> z_;
-  T c_ = kNegInf;
-  T delta_;
-  Matrix<T> an_, ad_, num_, weights_, kw_;
-  Vector<T> den_, ci_, wj_;
-};
-
-template <class T>
-Matrix<T> linear_core(const LinearInputs<T>& in, const ConstRef<T>& v, const LinearOptions& o) {
-  const Matrix<T>& qn = *in.qn;
-  const Matrix<T>& qd = *in.qd;
-  const Matrix<T>& kn = *in.kn;
-  const Matrix<T>& kd = *in.kd;
-  const bool rotated = in.qn != in.qd || in.kn != in.kd;
-  const Eigen::Index lq = qn.rows(), m = qn.cols(), dv = v.cols();
-  const T delta = static_cast<T>(o.delta);
-  Matrix<T> out(lq, dv);
-  if (!o.causal) {
-    Matrix<T> s;
-    s.noalias() = kn.transpose() * v;
-    const Vector<T> z = column_sums(kd);
-    Matrix<T> num;
-    num.noalias() = qn * s;
-    Vector<T> den;
-    den.noalias() = qd * z;
-    finish_rows(num, den, delta, 0, out);
-    return out;
-  }
-  CausalSums<T> sums(m, dv, delta);
-  const auto chunk = static_cast<Eigen::Index>(o.chunk);
-  for (Eigen::Index a = 0; a < lq; a += chunk) {
-    const Eigen::Index n = std::min(chunk, lq - a);
-    sums.add(qn.middleRows(a, n), qd.middleRows(a, n), kn.middleRows(a, n), kd.middleRows(a, n), rotated,
-             in.log_scale != nullptr ? in.log_scale->data() + a : nullptr, v.middleRows(a, n), a, out);
-  }
-  return out;
-}
-
-// The rotary width of the eq. 19 feature rotation: the whole of m.
-template <class T>
-void check_feature_rope(const char* fn, const Rotation<T>& rope, std::size_t m, const LinearOptions& o,
-                        std::size_t lq, std::size_t lk) {
-  if (m % 2 != 0) fail(fn, "the feature dimension m must be even for eq. 19 (pairs of features), got " + std::to_string(m));
-  if (rope.table == nullptr) fail(fn, "feature_rope.table is null");
-  const std::size_t r = rope.rotary_dim == 0 ? rope.table->rotary_dim() : rope.rotary_dim;
-  if (r != m) {
-    fail(fn, "feature_rope rotates " + std::to_string(r) + " channels but the feature dimension m is " +
-                 std::to_string(m) + " (build its table with rope::frequencies(m, base))");
-  }
-  check_table_positions(fn, "options.q_positions", rope, o.q_positions, lq);
-  check_table_positions(fn, "options.k_positions", rope, o.k_positions, lk);
-}
-
-}  // namespace detail
-
-// Linear attention over given features: phi_q (Lq x m), phi_k (Lk x m), v (Lk x dv).
-template <class DQ, class DK, class DV>
-Matrix<typename DQ::Scalar> linear(const Eigen::MatrixBase<DQ>& phi_q, const Eigen::MatrixBase<DK>& phi_k,
-                                   const Eigen::MatrixBase<DV>& v, const LinearOptions& options = {}) {
-  using T = typename DQ::Scalar;
-  detail::check_scalar<T>();
-  detail::check_same_scalar<DQ, DK>();
-  detail::check_same_scalar<DQ, DV>();
-  const ConstRef<T> vr(v.derived());
-  const Matrix<T> q = phi_q, k = phi_k;
-  detail::check_linear_shapes("rope::attention::linear", q.rows(), q.cols(), k.rows(), k.cols(), vr.rows(), options);
-  return detail::linear_core<T>({&q, &q, &k, &k, nullptr}, vr, options);
-}
-
-// RoFormer eq. 19 over given features: the numerator's features are rotated
-// by feature_rope (a table over rotary_dim m) at the query / key positions,
-// the denominator's are not.
-template <class DQ, class DK, class DV>
-Matrix<typename DQ::Scalar> linear_eq19(const Eigen::MatrixBase<DQ>& phi_q, const Eigen::MatrixBase<DK>& phi_k,
-                                        const Eigen::MatrixBase<DV>& v, const Rotation<typename DQ::Scalar>& feature_rope,
-                                        const LinearOptions& options = {}) {
-  using T = typename DQ::Scalar;
-  const char* fn = "rope::attention::linear_eq19";
-  detail::check_scalar<T>();
-  detail::check_same_scalar<DQ, DK>();
-  detail::check_same_scalar<DQ, DV>();
-  const ConstRef<T> vr(v.derived());
-  const Matrix<T> qd = phi_q, kd = phi_k;
-  detail::check_linear_shapes(fn, qd.rows(), qd.cols(), kd.rows(), kd.cols(), vr.rows(), options);
-  detail::check_feature_rope(fn, feature_rope, static_cast<std::size_t>(qd.cols()), options,
-                             static_cast<std::size_t>(qd.rows()), static_cast<std::size_t>(kd.rows()));
-  Matrix<T> qn = qd, kn = kd;
-  const std::size_t m = static_cast<std::size_t>(qd.cols());
-  detail::rotate_matrix(qn, feature_rope, m, options.q_positions);
-  detail::rotate_matrix(kn, feature_rope, m, options.k_positions);
-  return detail::linear_core<T>({&qn, &qd, &kn, &kd, nullptr}, vr, options);
-}
-
-namespace detail {
-
-// FAVOR+ keys for causal attention: eps = 0, each row carried with its own
-// log scale (FavorFeatures::scaled_keys).
-template <class T>
-void causal_keys(const FavorFeatures& phi, const ConstRef<T>& k, Matrix<T>& kd, Vector<T>& log_scale) {
-  ScaledFeatures<T> sf = phi.scaled_keys(k);
-  kd = std::move(sf.features);
-  log_scale = std::move(sf.log_scale);
-}
-
-template <class T>
-void check_favor(const char* fn, const FavorFeatures& phi, std::ptrdiff_t dq, std::ptrdiff_t dk) {
-  if (static_cast<std::size_t>(dq) != phi.head_dim() || static_cast<std::size_t>(dk) != phi.head_dim()) {
-    fail(fn, "q and k have " + std::to_string(dq) + " and " + std::to_string(dk) +
-                 " columns but the feature map's head_dim is " + std::to_string(phi.head_dim()));
-  }
-}
-
-}  // namespace detail
-
-// FAVOR+ (or relu) linear attention from raw q (Lq x d), k (Lk x d), v. With
-// pre_phi.table set, q and k are rotated in d dimensions first (pre-phi mode).
-template <class DQ, class DK, class DV>
-Matrix<typename DQ::Scalar> linear(const Eigen::MatrixBase<DQ>& q, const Eigen::MatrixBase<DK>& k,
-                                   const Eigen::MatrixBase<DV>& v, const FavorFeatures& phi,
-                                   const LinearOptions& options = {}, const Rotation<typename DQ::Scalar>& pre_phi = {}) {
-  using T = typename DQ::Scalar;
-  const char* fn = "rope::attention::linear";
-  detail::check_scalar<T>();
-  detail::check_same_scalar<DQ, DK>();
-  detail::check_same_scalar<DQ, DV>();
-  const ConstRef<T> qr(q.derived()), kr(k.derived()), vr(v.derived());
-  detail::check_favor<T>(fn, phi, qr.cols(), kr.cols());
-  const auto m = static_cast<std::ptrdiff_t>(phi.features());
-  detail::check_linear_shapes(fn, qr.rows(), m, kr.rows(), m, vr.rows(), options);
-  const std::size_t r = detail::rotary_width(fn, pre_phi, phi.head_dim());
-  detail::check_table_positions(fn, "options.q_positions", pre_phi, options.q_positions, static_cast<std::size_t>(qr.rows()));
-  detail::check_table_positions(fn, "options.k_positions", pre_phi, options.k_positions, static_cast<std::size_t>(kr.rows()));
-  if (options.causal && phi.options().kind == FeatureKind::positive) {
-    // Features a chunk at a time: nothing of size L x m is held.
-    const Eigen::Index l = qr.rows(), chunk = static_cast<Eigen::Index>(options.chunk);
-    Matrix<T> out(l, vr.cols());
-    detail::CausalSums<T> sums(m, vr.cols(), static_cast<T>(options.delta));
-    Matrix<T> qx, kx, fk;
-    Vector<T> log_scale;
-    for (Eigen::Index a = 0; a < l; a += chunk) {
-      const Eigen::Index n = std::min(chunk, l - a);
-      qx = qr.middleRows(a, n);
-      kx = kr.middleRows(a, n);
-      detail::rotate_matrix(qx, pre_phi, r, options.q_positions, a);
-      detail::rotate_matrix(kx, pre_phi, r, options.k_positions, a);
-      const Matrix<T> fq = phi.queries(qx);
-      detail::causal_keys<T>(phi, ConstRef<T>(kx), fk, log_scale);
-      sums.add(fq, fq, fk, fk, false, log_scale.data(), vr.middleRows(a, n), a, out);
-    }
-    return out;
-  }
-  Matrix<T> qx = qr, kx = kr;
-  detail::rotate_matrix(qx, pre_phi, r, options.q_positions);
-  detail::rotate_matrix(kx, pre_phi, r, options.k_positions);
-  const Matrix<T> fq = phi.queries(qx);
-  const Matrix<T> fk = phi.keys(kx);
-  return detail::linear_core<T>({&fq, &fq, &fk, &fk, nullptr}, vr, options);
-}
-
-// FAVOR+ (or relu) linear attention in eq. 19 form from raw q, k, v: features
-// first, then the numerator's features rotated by feature_rope (rotary_dim m).
-template <class DQ, class DK, class DV>
-Matrix<typename DQ::Scalar> linear_eq19(const Eigen::MatrixBase<DQ>& q, const Eigen::MatrixBase<DK>& k,
-                                        const Eigen::MatrixBase<DV>& v, const FavorFeatures& phi,
-                                        const Rotation<typename DQ::Scalar>& feature_rope,
-                                        const LinearOptions& options = {}) {
-  using T = typename DQ::Scalar;
-  const char* fn = "rope::attention::linear_eq19";
-  detail::check_scalar<T>();
-  detail::check_same_scalar<DQ, DK>();
-  detail::check_same_scalar<DQ, DV>();
-  const ConstRef<T> qr(q.derived()), kr(k.derived()), vr(v.derived());
-  detail::check_favor<T>(fn, phi, qr.cols(), kr.cols());
-  const auto m = static_cast<std::ptrdiff_t>(phi.features());
-  detail::check_linear_shapes(fn, qr.rows(), m, kr.rows(), m, vr.rows(), options);
-  detail::check_feature_rope(fn, feature_rope, phi.features(), options, static_cast<std::size_t>(qr.rows()),
-                             static_cast<std::size_t>(kr.rows()));
-  if (options.causal && phi.options().kind == FeatureKind::positive) {
-    // Features a chunk at a time: nothing of size L x m is held.
-    const Eigen::Index l = qr.rows(), chunk = static_cast<Eigen::Index>(options.chunk);
-    Matrix<T> out(l, vr.cols());
-    detail::CausalSums<T> sums(m, vr.cols(), static_cast<T>(options.delta));
-    Matrix<T> qd, qn, kd, kn;
-    Vector<T> log_scale;
-    for (Eigen::Index a = 0; a < l; a += chunk) {
-      const Eigen::Index n = std::min(chunk, l - a);
-      qd = phi.queries(qr.middleRows(a, n));
-      detail::causal_keys<T>(phi, ConstRef<T>(kr.middleRows(a, n)), kd, log_scale);
-      qn = qd;
-      kn = kd;
-      detail::rotate_matrix(qn, feature_rope, phi.features(), options.q_positions, a);
-      detail::rotate_matrix(kn, feature_rope, phi.features(), options.k_positions, a);
-      sums.add(qn, qd, kn, kd, true, log_scale.data(), vr.middleRows(a, n), a, out);
-    }
-    return out;
-  }
-  const Matrix<T> qd = phi.queries(qr);
-  const Matrix<T> kd = phi.keys(kr);
-  Matrix<T> qn = qd, kn = kd;
-  detail::rotate_matrix(qn, feature_rope, phi.features(), options.q_positions);
-  detail::rotate_matrix(kn, feature_rope, phi.features(), options.k_positions);
-  return detail::linear_core<T>({&qn, &qd, &kn, &kd, nullptr}, vr, options);
-}
-
-// Decode-time linear attention: the state (S, z, c) of one head, one token
-// in, one output out. push adds a key: numerator features kn (rotated for
-// eq. 19; otherwise kd), denominator features kd, value v, and the key's log
-// scale (its features are kd * exp(log_scale); 0 for plain maps,
-// FavorFeatures::scaled_keys for FAVOR+ keys). c is the running max of the log scales: when it grows,
-// (S, z) are rescaled by exp(c_old - c_new). read gives the output of a query.
+// The running sums of one key/value head: what causal linear attention has
+// seen so far, and the whole of it for decoding.
+//   key_value_sum = sum_j exp(s_j - c) kn_j v_j^T   (m x dv, numerator features)
+//   key_sum       = sum_j exp(s_j - c) kd_j         (m, denominator features)
+//   log_offset    = c = max_j s_j                   (the keys' log scales)
+// Plain feature maps have s_j = 0. push adds one key, push_rows a block of
+// them; read gives a query's output. A state handed to the multi-head calls
+// also remembers the last key position it holds, so that a later causal call
+// cannot put a query before a key it already summed.
 template <class T>
 class LinearState {
  public:
-  LinearState(std::size_t features, std::size_t value_dim, double delta = 1e-6)
-      : s_(Matrix<T>::Zero(static_cast<Eigen::Index>(features), static_cast<Eigen::Index>(value_dim))),
-        z_(Vector<T>::Zero(static_cast<Eigen::Index>(features))),
-        delta_(static_cast<T>(delta)) {
+  LinearState(std::size_t features, std::size_t value_dim, double delta = 1e-6) {
     detail::check_scalar<T>();
     const char* fn = "rope::attention::LinearState";
-    if (features == 0) detail::fail(fn, "features must be at least 1, got 0");
-    if (value_dim == 0) detail::fail(fn, "value_dim must be at least 1, got 0");
-    if (!(delta >= 0.0) || !std::isfinite(delta)) detail::fail(fn, "delta must be finite and >= 0, got " + std::to_string(delta));
+    if (features == 0) detail::fail(fn, "features", "at least 1", features);
+    if (value_dim == 0) detail::fail(fn, "value_dim", "at least 1", value_dim);
+    if (!(delta >= 0.0) || !std::isfinite(delta)) detail::fail(fn, "delta", "finite and >= 0", delta);
+    key_value_sum_ = Matrix<T>::Zero(static_cast<Eigen::Index>(features), static_cast<Eigen::Index>(value_dim));
+    key_sum_ = Vector<T>::Zero(static_cast<Eigen::Index>(features));
+    delta_ = static_cast<T>(delta);
   }
 
+  // One key: numerator features kn (rotated for eq. 19; otherwise kd),
+  // denominator features kd, value v, and the key's log scale (its features
+  // are kd * exp(log_scale); 0 for plain maps, FavorFeatures::scaled_keys
+  // for FAVOR+ keys).
   template <class DN, class DD, class DV>
   void push(const Eigen::MatrixBase<DN>& kn, const Eigen::MatrixBase<DD>& kd, const Eigen::MatrixBase<DV>& v,
             T log_scale = 0) {
     const char* fn = "rope::attention::LinearState::push";
-    check_size(fn, "kn", kn.size(), z_.size());
-    check_size(fn, "kd", kd.size(), z_.size());
-    check_size(fn, "v", v.size(), s_.cols());
-    if (!std::isfinite(log_scale)) detail::fail(fn, "log_scale must be finite, got " + std::to_string(log_scale));
-    const Vector<T> kn_col = kn.reshaped();
-    const Vector<T> kd_col = kd.reshaped();
-    const Vector<T> v_col = v.reshaped();
-    const T c_new = has_key_ ? std::max(c_, log_scale) : log_scale;
-    if (has_key_ && c_new != c_) {
-      const T carried = std::exp(c_ - c_new);
-      s_ *= carried;
-      z_ *= carried;
-    }
-    const T w = std::exp(log_scale - c_new);
-    s_.noalias() += (w * kn_col) * v_col.transpose();
-    z_ += w * kd_col;
-    c_ = c_new;
-    has_key_ = true;
+    check_length(fn, "kn", kn.size(), key_sum_.size());
+    check_length(fn, "kd", kd.size(), key_sum_.size());
+    check_length(fn, "v", v.size(), key_value_sum_.cols());
+    if (!std::isfinite(log_scale)) detail::fail(fn, "log_scale", "finite", log_scale);
+    const Matrix<T> kn_row = Vector<T>(kn.reshaped()).transpose();
+    const Matrix<T> kd_row = Vector<T>(kd.reshaped()).transpose();
+    const Matrix<T> v_row = Vector<T>(v.reshaped()).transpose();
+    Vector<T> s(1);
+    s[0] = log_scale;
+    push_rows(kn_row, kd_row, v_row, &s);
   }
   template <class DK, class DV>
   void push(const Eigen::MatrixBase<DK>& k, const Eigen::MatrixBase<DV>& v) {
     push(k, k, v, T(0));
   }
 
+  // A block of keys at once, one per row: kn, kd (n x m), values (n x dv),
+  // log scales (n values, or nullptr for 0). Unchecked shapes: the batch
+  // form the multi-head calls use.
+  template <class KN, class KD, class V>
+  void push_rows(const KN& kn, const KD& kd, const V& values, const Vector<T>* log_scale,
+                 std::int64_t last_position = std::numeric_limits<std::int64_t>::min()) {
+    const Eigen::Index n = kn.rows();
+    if (n == 0) return;
+    if (log_scale == nullptr) {
+      if (!empty_ && log_offset_ != T(0)) rescale(T(0));
+      if (empty_) log_offset_ = 0;
+      key_value_sum_.noalias() += kn.transpose() * values;
+      key_sum_ += kd.transpose() * Vector<T>::Ones(n);
+    } else {
+      T c_new = empty_ ? (*log_scale)[0] : log_offset_;
+      for (Eigen::Index j = 0; j < n; ++j) c_new = std::max(c_new, (*log_scale)[j]);
+      if (!empty_) rescale(c_new);
+      log_offset_ = c_new;
+      weights_ = ((log_scale->array() - c_new).exp()).matrix();
+      weighted_ = weights_.asDiagonal() * kn;
+      key_value_sum_.noalias() += weighted_.transpose() * values;
+      key_sum_.noalias() += kd.transpose() * weights_;
+    }
+    empty_ = false;
+    last_position_ = std::max(last_position_, last_position);
+  }
+
   // phi_q^T S / g(phi_q^T z) with numerator features qn and denominator features qd.
   template <class DN, class DD>
   Vector<T> read(const Eigen::MatrixBase<DN>& qn, const Eigen::MatrixBase<DD>& qd) const {
     const char* fn = "rope::attention::LinearState::read";
-    check_size(fn, "qn", qn.size(), z_.size());
-    check_size(fn, "qd", qd.size(), z_.size());
+    check_length(fn, "qn", qn.size(), key_sum_.size());
+    check_length(fn, "qd", qd.size(), key_sum_.size());
     const Vector<T> qn_col = qn.reshaped();
     const Vector<T> qd_col = qd.reshaped();
-    const T den = detail::guard(T(qd_col.dot(z_)), delta_);
-    return (s_.transpose() * qn_col) / den;
+    const T den = detail::guard(T(qd_col.dot(key_sum_)), delta_);
+    return (key_value_sum_.transpose() * qn_col) / den;
   }
   template <class DQ>
   Vector<T> read(const Eigen::MatrixBase<DQ>& q) const {
@@ -444,28 +155,633 @@ class LinearState {
   }
 
   void reset() {
-    s_.setZero();
-    z_.setZero();
-    c_ = 0;
-    has_key_ = false;
+    key_value_sum_.setZero();
+    key_sum_.setZero();
+    log_offset_ = 0;
+    empty_ = true;
+    last_position_ = std::numeric_limits<std::int64_t>::min();
   }
 
-  const Matrix<T>& S() const noexcept { return s_; }
-  const Vector<T>& z() const noexcept { return z_; }
-  T c() const noexcept { return c_; }
+  const Matrix<T>& key_value_sum() const noexcept { return key_value_sum_; }
+  const Vector<T>& key_sum() const noexcept { return key_sum_; }
+  T log_offset() const noexcept { return log_offset_; }
+  bool empty() const noexcept { return empty_; }
+  std::size_t features() const noexcept { return static_cast<std::size_t>(key_sum_.size()); }
+  std::size_t value_dim() const noexcept { return static_cast<std::size_t>(key_value_sum_.cols()); }
+  T delta() const noexcept { return delta_; }
+  // The largest position of a key pushed by a multi-head call (INT64_MIN: none known).
+  std::int64_t last_position() const noexcept { return last_position_; }
 
  private:
-  static void check_size(const char* fn, const char* name, Eigen::Index got, Eigen::Index want) {
-    if (got != want) {
-      detail::fail(fn, std::string(name) + " has " + std::to_string(got) + " values, expected " + std::to_string(want));
+  static void check_length(const char* fn, const char* name, Eigen::Index got, Eigen::Index want) {
+    if (got != want) detail::fail(fn, std::string(name) + ".size()", detail::to_text(want), got);
+  }
+  void rescale(T c_new) {
+    const T carried = std::exp(log_offset_ - c_new);
+    if (carried != T(1)) {
+      key_value_sum_ *= carried;
+      key_sum_ *= carried;
     }
   }
 
-  Matrix<T> s_;
-  Vector<T> z_;
-  T c_ = 0;
-  bool has_key_ = false;
-  T delta_;
+  Matrix<T> key_value_sum_;
+  Vector<T> key_sum_;
+  T log_offset_ = 0;
+  bool empty_ = true;
+  T delta_ = 0;
+  std::int64_t last_position_ = std::numeric_limits<std::int64_t>::min();
+  Vector<T> weights_;
+  Matrix<T> weighted_;
 };
+
+namespace detail {
+
+// From input rows to features: the feature map (or none: the inputs are
+// features already), the pre-phi rotation in d dimensions, and the eq. 19
+// rotation of the numerator in m dimensions.
+template <class T>
+struct FeatureMap {
+  const FavorFeatures* phi = nullptr;  // null: rows are features
+  Rotation<T> pre_phi;
+  std::size_t pre_phi_dim = 0;
+  Rotation<T> feature_rotation;  // eq. 19 when feature_rotation.table is set
+  T eq19_rescale = 1;            // 1 / attention_factor^2 of the feature table
+
+  bool eq19() const noexcept { return feature_rotation.table != nullptr; }
+  // Keys carry log scales: causal FAVOR+ positive features.
+  bool scaled_keys(bool causal) const noexcept {
+    return phi != nullptr && causal && phi->options().kind == FeatureKind::positive;
+  }
+  std::size_t features(std::size_t input_dim) const noexcept { return phi ? phi->features() : input_dim; }
+
+  // Query rows x (gathered, modified) at positions pos: numerator and
+  // denominator features (den untouched unless eq. 19).
+  void queries(Matrix<T>& x, const std::int64_t* pos, Matrix<T>& num, Matrix<T>& den) const {
+    rotate_rows_at(x.data(), static_cast<std::size_t>(x.cols()), static_cast<std::size_t>(x.rows()), pre_phi,
+                   pre_phi_dim, pos);
+    if (phi) {
+      num = phi->queries(x);
+    } else {
+      num.swap(x);
+    }
+    if (eq19()) {
+      den = num;
+      rotate_rows_at(num.data(), static_cast<std::size_t>(num.cols()), static_cast<std::size_t>(num.rows()),
+                     feature_rotation, static_cast<std::size_t>(num.cols()), pos);
+      if (eq19_rescale != T(1)) num *= eq19_rescale;
+    }
+  }
+  // Key rows: numerator and denominator features and, for causal FAVOR+,
+  // the log scales (else log_scale is left empty).
+  void keys(Matrix<T>& x, const std::int64_t* pos, bool causal, Matrix<T>& num, Matrix<T>& den,
+            Vector<T>& log_scale) const {
+    rotate_rows_at(x.data(), static_cast<std::size_t>(x.cols()), static_cast<std::size_t>(x.rows()), pre_phi,
+                   pre_phi_dim, pos);
+    log_scale.resize(0);
+    if (scaled_keys(causal)) {
+      ScaledFeatures<T> sf = phi->scaled_keys(x);
+      num = std::move(sf.features);
+      log_scale = std::move(sf.log_scale);
+    } else if (phi) {
+      num = phi->keys(x);
+    } else {
+      num.swap(x);
+    }
+    if (eq19()) {
+      den = num;
+      rotate_rows_at(num.data(), static_cast<std::size_t>(num.cols()), static_cast<std::size_t>(num.rows()),
+                     feature_rotation, static_cast<std::size_t>(num.cols()), pos);
+    }
+  }
+};
+
+// Checked inputs of one multi-head linear call.
+template <class T>
+struct LinearPlan {
+  Visibility visibility;
+  std::size_t group = 1, features = 0;
+  FeatureMap<T> map;
+};
+
+// Token order within a head: by (sequence, position), stable; the runs of
+// one sequence are segments.
+struct TokenOrder {
+  std::vector<std::size_t> q, k;                     // sorted token indices
+  std::vector<std::int64_t> q_pos, k_pos;            // their positions, in that order
+  std::vector<std::size_t> q_segment, k_segment;     // segment starts, + end
+};
+
+inline TokenOrder order_tokens(const Visibility& vis, std::size_t lq, std::size_t lk) {
+  TokenOrder order;
+  order.q.resize(lq);
+  order.k.resize(lk);
+  std::iota(order.q.begin(), order.q.end(), std::size_t{0});
+  std::iota(order.k.begin(), order.k.end(), std::size_t{0});
+  const auto sort_by = [](std::vector<std::size_t>& idx, auto seq, auto pos) {
+    std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
+      return seq(a) != seq(b) ? seq(a) < seq(b) : pos(a) < pos(b);
+    });
+  };
+  sort_by(order.q, [&](std::size_t i) { return vis.q_seq(i); }, [&](std::size_t i) { return vis.q_position(i); });
+  sort_by(order.k, [&](std::size_t j) { return vis.k_seq(j); }, [&](std::size_t j) { return vis.k_position(j); });
+  for (std::size_t i : order.q) order.q_pos.push_back(vis.q_position(i));
+  for (std::size_t j : order.k) order.k_pos.push_back(vis.k_position(j));
+  // Segments: the distinct sequence ids, each with its query and key run.
+  std::size_t a = 0, b = 0;
+  while (a < lq || b < lk) {
+    const bool q_left = a < lq, k_left = b < lk;
+    std::int64_t s = q_left ? vis.q_seq(order.q[a]) : vis.k_seq(order.k[b]);
+    if (q_left && k_left) s = std::min(vis.q_seq(order.q[a]), vis.k_seq(order.k[b]));
+    order.q_segment.push_back(a);
+    order.k_segment.push_back(b);
+    while (a < lq && vis.q_seq(order.q[a]) == s) ++a;
+    while (b < lk && vis.k_seq(order.k[b]) == s) ++b;
+  }
+  order.q_segment.push_back(lq);
+  order.k_segment.push_back(lk);
+  return order;
+}
+
+// The buffers of one thread, reused by every head and chunk it computes.
+template <class T>
+struct LinearWorkspace {
+  Matrix<T> x, q_num, q_den, k_num, k_den, values, scores, den_scores, num;
+  Vector<T> log_scale, den, weights;
+  std::vector<std::int64_t> pos;
+  std::vector<T> offsets;  // per query token of a chunk: its running log offset
+  std::vector<std::size_t> visible;  // per query token: visible keys of the key sub-chunk
+};
+
+// One key/value head of a multi-head call: gathers rows in token order,
+// computes features chunk by chunk and the outputs of its query heads.
+template <class T>
+class LinearHead {
+ public:
+  LinearHead(const View<const T>& q, const View<const T>& k, const View<const T>& v, const View<T>& out,
+             const LinearOptions& o, const LinearPlan<T>& plan, const TokenOrder& order, LinearWorkspace<T>& ws)
+      : q_(q), k_(k), v_(v), out_(out), o_(o), plan_(plan), order_(order), ws_(ws) {}
+
+  // Causal: query tokens of every segment against the prefix of its keys,
+  // starting from (and leaving the sums in) state.
+  void causal(std::size_t g, LinearState<T>& state) {
+    g_ = g;
+    const std::size_t segments = order_.q_segment.size() - 1;
+    for (std::size_t s = 0; s < segments; ++s) {
+      if (s > 0) state.reset();  // no attention across sequences (no caller state with sequence ids)
+      causal_segment(state, order_.q_segment[s], order_.q_segment[s + 1], order_.k_segment[s],
+                     order_.k_segment[s + 1]);
+    }
+  }
+
+  // Non-causal, phase 1: the sums of one segment's keys.
+  void sum_keys(std::size_t g, std::size_t k_begin, std::size_t k_end, LinearState<T>& state) {
+    g_ = g;
+    state.reset();
+    if (k_begin == k_end) return;
+    gather_keys(k_begin, k_end);
+    state.push_rows(ws_.k_num, key_den(), ws_.values, nullptr);
+  }
+  // Non-causal, phase 2: query tokens [a, b) (sorted order) read the sums.
+  void read_queries(std::size_t g, std::size_t a, std::size_t b, const LinearState<T>& state, bool any_keys) {
+    g_ = g;
+    gather_queries(a, b);
+    const Matrix<T>& q_den = plan_.map.eq19() ? ws_.q_den : ws_.q_num;
+    ws_.num.noalias() = ws_.q_num * state.key_value_sum();
+    ws_.den.noalias() = q_den * state.key_sum();
+    finish(a, b, nullptr, any_keys);
+  }
+
+ private:
+  const Matrix<T>& key_den() const { return plan_.map.eq19() ? ws_.k_den : ws_.k_num; }
+
+  // Rows of query tokens [a, b) of the sorted order, every head of the group,
+  // token-major; their features in q_num / q_den.
+  void gather_queries(std::size_t a, std::size_t b) {
+    const std::size_t group = plan_.group, n = b - a;
+    const auto d = static_cast<Eigen::Index>(q_.head_dim);
+    ws_.x.resize(static_cast<Eigen::Index>(n * group), d);
+    ws_.pos.resize(n * group);
+    for (std::size_t t = 0; t < n; ++t) {
+      for (std::size_t h = 0; h < group; ++h) {
+        std::memcpy(ws_.x.row(static_cast<Eigen::Index>(t * group + h)).data(), q_.row(order_.q[a + t], g_ * group + h),
+                    static_cast<std::size_t>(d) * sizeof(T));
+        ws_.pos[t * group + h] = order_.q_pos[a + t];
+      }
+    }
+    plan_.map.queries(ws_.x, ws_.pos.data(), ws_.q_num, ws_.q_den);
+  }
+
+  // Key tokens [a, b): features in k_num / k_den (+ log_scale), values.
+  void gather_keys(std::size_t a, std::size_t b) {
+    const std::size_t n = b - a;
+    const auto d = static_cast<Eigen::Index>(k_.head_dim), dv = static_cast<Eigen::Index>(v_.head_dim);
+    ws_.x.resize(static_cast<Eigen::Index>(n), d);
+    ws_.values.resize(static_cast<Eigen::Index>(n), dv);
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::size_t token = order_.k[a + j];
+      std::memcpy(ws_.x.row(static_cast<Eigen::Index>(j)).data(), k_.row(token, g_), static_cast<std::size_t>(d) * sizeof(T));
+      std::memcpy(ws_.values.row(static_cast<Eigen::Index>(j)).data(), v_.row(token, g_),
+                  static_cast<std::size_t>(dv) * sizeof(T));
+    }
+    plan_.map.keys(ws_.x, order_.k_pos.data() + a, o_.causal, ws_.k_num, ws_.k_den, ws_.log_scale);
+  }
+
+  // Keys [a, b) into the state, a chunk at a time.
+  void absorb(LinearState<T>& state, std::size_t a, std::size_t b) {
+    for (std::size_t j0 = a; j0 < b; j0 += o_.chunk) {
+      const std::size_t j1 = std::min(b, j0 + o_.chunk);
+      gather_keys(j0, j1);
+      state.push_rows(ws_.k_num, key_den(), ws_.values, ws_.log_scale.size() ? &ws_.log_scale : nullptr,
+                      order_.k_pos[j1 - 1]);
+    }
+  }
+
+  // First key of [from, to) whose position is past p (keys sorted).
+  std::size_t first_after(std::size_t from, std::size_t to, std::int64_t p) const {
+    return static_cast<std::size_t>(std::upper_bound(order_.k_pos.begin() + static_cast<std::ptrdiff_t>(from),
+                                                     order_.k_pos.begin() + static_cast<std::ptrdiff_t>(to), p) -
+                                    order_.k_pos.begin());
+  }
+
+  void causal_segment(LinearState<T>& state, std::size_t qa, std::size_t qb, std::size_t ka, std::size_t kb) {
+    std::size_t consumed = ka;
+    for (std::size_t a = qa; a < qb; a += o_.chunk) {
+      const std::size_t b = std::min(qb, a + o_.chunk), tokens = b - a;
+      // Keys every query of the chunk sees go into the state first; the
+      // keys between the chunk's first and last positions are its diagonal.
+      const std::size_t lo = std::max(consumed, first_after(consumed, kb, order_.q_pos[a]));
+      const std::size_t hi = std::max(lo, first_after(lo, kb, order_.q_pos[b - 1]));
+      absorb(state, consumed, lo);
+      consumed = lo;
+      gather_queries(a, b);
+      const Matrix<T>& q_den = plan_.map.eq19() ? ws_.q_den : ws_.q_num;
+      ws_.num.noalias() = ws_.q_num * state.key_value_sum();
+      ws_.den.noalias() = q_den * state.key_sum();
+      const bool any_before = !state.empty();
+      ws_.offsets.assign(tokens, state.empty() ? -std::numeric_limits<T>::infinity() : state.log_offset());
+      std::vector<unsigned char> seen(tokens, any_before ? 1 : 0);
+      for (std::size_t j0 = lo; j0 < hi; j0 += o_.chunk) {
+        const std::size_t j1 = std::min(hi, j0 + o_.chunk);
+        gather_keys(j0, j1);
+        diagonal(a, tokens, j0, j1, seen);
+        state.push_rows(ws_.k_num, key_den(), ws_.values, ws_.log_scale.size() ? &ws_.log_scale : nullptr,
+                        order_.k_pos[j1 - 1]);
+      }
+      consumed = hi;
+      finish(a, b, &seen, false);
+    }
+  }
+
+  // Query tokens [a, a + tokens) against keys [j0, j1) they partly see: each
+  // token sees a prefix of them (positions sorted).
+  void diagonal(std::size_t a, std::size_t tokens, std::size_t j0, std::size_t j1, std::vector<unsigned char>& seen) {
+    const std::size_t group = plan_.group, n = j1 - j0;
+    const auto bn = static_cast<Eigen::Index>(n);
+    const bool scaled = ws_.log_scale.size() != 0;
+    ws_.visible.resize(tokens);
+    bool ragged = false;
+    for (std::size_t t = 0; t < tokens; ++t) {
+      ws_.visible[t] = first_after(j0, j1, order_.q_pos[a + t]) - j0;
+      ragged = ragged || ws_.visible[t] < n;
+      if (ws_.visible[t] > 0) seen[t] = 1;
+    }
+    ws_.scores.noalias() = ws_.q_num * ws_.k_num.transpose();
+    if (plan_.map.eq19()) ws_.den_scores.noalias() = ws_.q_den * ws_.k_den.transpose();
+    for (std::size_t t = 0; t < tokens; ++t) {
+      const auto seen_keys = static_cast<Eigen::Index>(ws_.visible[t]);
+      // Weights exp(s_j - c_t) over the keys this token sees, relative to its
+      // running offset c_t; what was summed before is rescaled when c_t grows.
+      if (scaled && seen_keys > 0) {
+        T c = ws_.offsets[t];
+        for (Eigen::Index j = 0; j < seen_keys; ++j) c = std::max(c, ws_.log_scale[j]);
+        if (ws_.offsets[t] != -std::numeric_limits<T>::infinity() && c != ws_.offsets[t]) {
+          const T carried = std::exp(ws_.offsets[t] - c);
+          for (std::size_t h = 0; h < group; ++h) {
+            const auto r = static_cast<Eigen::Index>(t * group + h);
+            ws_.num.row(r) *= carried;
+            ws_.den[r] *= carried;
+          }
+        }
+        ws_.offsets[t] = c;
+        ws_.weights = (ws_.log_scale.head(seen_keys).array() - c).exp().matrix();
+      }
+      for (std::size_t h = 0; h < group; ++h) {
+        const auto r = static_cast<Eigen::Index>(t * group + h);
+        auto row = ws_.scores.row(r);
+        if (scaled && seen_keys > 0) row.head(seen_keys).array() *= ws_.weights.transpose().array();
+        row.tail(bn - seen_keys).setZero();
+        if (plan_.map.eq19()) {
+          auto den_row = ws_.den_scores.row(r);
+          if (scaled && seen_keys > 0) den_row.head(seen_keys).array() *= ws_.weights.transpose().array();
+          ws_.den[r] += den_row.head(seen_keys).sum();
+        } else {
+          ws_.den[r] += row.head(seen_keys).sum();
+        }
+      }
+    }
+    if (!ragged || ws_.values.allFinite()) {
+      ws_.num.noalias() += ws_.scores * ws_.values;
+      return;
+    }
+    // A masked key's value is not finite: each row sums its visible keys only.
+    for (std::size_t t = 0; t < tokens; ++t) {
+      const auto seen_keys = static_cast<Eigen::Index>(ws_.visible[t]);
+      if (seen_keys == 0) continue;
+      for (std::size_t h = 0; h < group; ++h) {
+        const auto r = static_cast<Eigen::Index>(t * group + h);
+        ws_.num.row(r).noalias() += ws_.scores.row(r).head(seen_keys) * ws_.values.topRows(seen_keys);
+      }
+    }
+  }
+
+  // Output rows of query tokens [a, b): num / g(den), or 0 for a query that
+  // sees no key (seen[t] == 0, or all_see false when seen is null).
+  void finish(std::size_t a, std::size_t b, const std::vector<unsigned char>* seen, bool all_see) {
+    const std::size_t group = plan_.group;
+    const T delta = static_cast<T>(o_.delta);
+    const auto dv = static_cast<Eigen::Index>(v_.head_dim);
+    for (std::size_t t = 0; t < b - a; ++t) {
+      const bool sees = seen != nullptr ? (*seen)[t] != 0 : all_see;
+      for (std::size_t h = 0; h < group; ++h) {
+        const auto r = static_cast<Eigen::Index>(t * group + h);
+        Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> dst(out_.row(order_.q[a + t], g_ * group + h), dv);
+        if (sees) {
+          dst = ws_.num.row(r) / guard(ws_.den[r], delta);
+        } else {
+          dst.setZero();
+        }
+      }
+    }
+  }
+
+  const View<const T>& q_;
+  const View<const T>& k_;
+  const View<const T>& v_;
+  const View<T>& out_;
+  const LinearOptions& o_;
+  const LinearPlan<T>& plan_;
+  const TokenOrder& order_;
+  LinearWorkspace<T>& ws_;
+  std::size_t g_ = 0;
+};
+
+inline void check_linear_options(const char* fn, const LinearOptions& o, std::size_t lq, std::size_t lk) {
+  if (o.chunk == 0) fail(fn, "options.chunk", "at least 1", o.chunk);
+  if (o.threads == 0) fail(fn, "options.threads", "at least 1", o.threads);
+  if (!(o.delta >= 0.0) || !std::isfinite(o.delta)) fail(fn, "options.delta", "finite and >= 0", o.delta);
+  check_size(fn, "options.q_positions", o.q_positions, lq);
+  check_size(fn, "options.k_positions", o.k_positions, lk);
+  check_size(fn, "options.q_sequence", o.q_sequence, lq);
+  check_size(fn, "options.k_sequence", o.k_sequence, lk);
+  if (o.q_sequence.empty() != o.k_sequence.empty()) {
+    fail(fn, "options.k_sequence.size()", "given together with options.q_sequence (" + to_text(o.q_sequence.size()) + " ids)",
+         o.k_sequence.size());
+  }
+  if (o.q_positions.empty() && o.q_offset > std::numeric_limits<std::int64_t>::max() - static_cast<std::int64_t>(lq)) {
+    fail(fn, "options.q_offset", "small enough for every position to fit in int64", o.q_offset);
+  }
+  if (o.k_positions.empty() && o.k_offset > std::numeric_limits<std::int64_t>::max() - static_cast<std::int64_t>(lk)) {
+    fail(fn, "options.k_offset", "small enough for every position to fit in int64", o.k_offset);
+  }
+}
+
+inline Visibility linear_visibility(const LinearOptions& o) {
+  Visibility vis;
+  vis.causal = o.causal;
+  vis.q_ids = o.q_positions.empty() ? nullptr : o.q_positions.data();
+  vis.k_ids = o.k_positions.empty() ? nullptr : o.k_positions.data();
+  vis.q_offset = o.q_offset;
+  vis.k_offset = o.k_offset;
+  vis.q_sequence = o.q_sequence.empty() ? nullptr : o.q_sequence.data();
+  vis.k_sequence = o.k_sequence.empty() ? nullptr : o.k_sequence.data();
+  return vis;
+}
+
+// The rotations: pre-phi over d, eq. 19 over exactly m features.
+template <class T>
+FeatureMap<T> check_feature_map(const char* fn, const FavorFeatures* phi, std::size_t input_dim,
+                                const Rotation<T>& pre_phi, const Rotation<T>* feature_rotation,
+                                const LinearOptions& o, std::size_t lq, std::size_t lk) {
+  FeatureMap<T> map;
+  map.phi = phi;
+  if (phi != nullptr && input_dim != phi->head_dim()) {
+    fail(fn, "the head dimension of q and k", "the feature map's head_dim " + to_text(phi->head_dim()), input_dim);
+  }
+  const std::size_t m = map.features(input_dim);
+  if (m == 0) fail(fn, "the feature dimension m", "at least 1", m);
+  map.pre_phi = pre_phi;
+  map.pre_phi_dim = rotary_width(fn, "pre_phi", pre_phi, input_dim);
+  const Visibility vis = linear_visibility(o);
+  check_table_positions(fn, "options.q_positions", pre_phi.table, vis.q_ids, o.q_offset, lq);
+  check_table_positions(fn, "options.k_positions", pre_phi.table, vis.k_ids, o.k_offset, lk);
+  if (feature_rotation != nullptr) {
+    if (m % 2 != 0) fail(fn, "the feature dimension m", "even for eq. 19 (pairs of features)", m);
+    if (feature_rotation->table == nullptr) fail(fn, "feature_rotation.table", "non-null", nullptr);
+    const std::size_t r = rotary_width(fn, "feature_rotation", *feature_rotation, m);
+    if (r != m) {
+      fail(fn, "feature_rotation.rotary_dim", "the feature dimension m = " + to_text(m) +
+                                                  " (build its table with rope::frequencies(m, base))",
+           r);
+    }
+    check_table_positions(fn, "options.q_positions", feature_rotation->table, vis.q_ids, o.q_offset, lq);
+    check_table_positions(fn, "options.k_positions", feature_rotation->table, vis.k_ids, o.k_offset, lk);
+    map.feature_rotation = *feature_rotation;
+    map.feature_rotation.rotary_dim = m;
+    const double af = feature_rotation->table->attention_factor();
+    map.eq19_rescale = static_cast<T>(1.0 / (af * af));
+  }
+  return map;
+}
+
+// The multi-head core, after the views are checked.
+template <class T>
+void linear_heads(const char* fn, const View<const T>& q, const View<const T>& k, const View<const T>& v,
+                  const View<T>& out, const LinearOptions& o, FeatureMap<T> map, std::vector<LinearState<T>>* states) {
+  LinearPlan<T> plan;
+  plan.visibility = linear_visibility(o);
+  plan.group = q.heads / k.heads;
+  plan.features = map.features(q.head_dim);
+  plan.map = map;
+  const std::size_t m = plan.features, dv = v.head_dim;
+  if (states != nullptr) {
+    if (!o.causal) fail(fn, "states", "null unless options.causal (only prefix sums carry over)", "a state vector");
+    if (!o.q_sequence.empty()) {
+      fail(fn, "states", "null with sequence ids (one state per key/value head, not per sequence)", "a state vector");
+    }
+    if (!states->empty() && states->size() != k.heads) fail(fn, "states->size()", "0 or k.heads = " + to_text(k.heads), states->size());
+    for (std::size_t g = 0; g < states->size(); ++g) {
+      const LinearState<T>& s = (*states)[g];
+      if (s.features() != m) fail(fn, indexed("states", g) + ".features()", "the feature dimension " + to_text(m), s.features());
+      if (s.value_dim() != dv) fail(fn, indexed("states", g) + ".value_dim()", "v.head_dim = " + to_text(dv), s.value_dim());
+      for (std::size_t i = 0; i < q.tokens; ++i) {
+        if (plan.visibility.q_position(i) < s.last_position()) {
+          fail(fn, "the position of query token " + to_text(i),
+               ">= the last key position in states[" + to_text(g) + "] (" + to_text(s.last_position()) + ")",
+               plan.visibility.q_position(i));
+        }
+      }
+    }
+  }
+  const TokenOrder order = order_tokens(plan.visibility, q.tokens, k.tokens);
+  const std::size_t workers_wanted = o.threads;
+  if (o.causal) {
+    std::vector<LinearState<T>> local;
+    std::vector<LinearState<T>>& sums = states != nullptr ? *states : local;
+    if (sums.empty()) sums.assign(k.heads, LinearState<T>(m, dv, o.delta));
+    const std::size_t workers = std::max<std::size_t>(1, std::min(workers_wanted, k.heads));
+    std::vector<LinearWorkspace<T>> workspaces(workers);
+    parallel_for(k.heads, workers, [&](std::size_t g, std::size_t w) {
+      LinearHead<T>(q, k, v, out, o, plan, order, workspaces[w]).causal(g, sums[g]);
+    });
+    return;
+  }
+  // Not causal: the sums of each (head, segment), then the queries in blocks.
+  const std::size_t segments = order.q_segment.size() - 1;
+  std::vector<LinearState<T>> sums(k.heads * segments, LinearState<T>(m, dv, o.delta));
+  {
+    const std::size_t workers = std::max<std::size_t>(1, std::min(workers_wanted, sums.size()));
+    std::vector<LinearWorkspace<T>> workspaces(workers);
+    parallel_for(sums.size(), workers, [&](std::size_t item, std::size_t w) {
+      const std::size_t g = item / segments, s = item % segments;
+      LinearHead<T>(q, k, v, out, o, plan, order, workspaces[w]).sum_keys(g, order.k_segment[s], order.k_segment[s + 1],
+                                                                          sums[item]);
+    });
+  }
+  struct Block {
+    std::size_t g, segment, a, b;
+  };
+  std::vector<Block> blocks;
+  for (std::size_t g = 0; g < k.heads; ++g) {
+    for (std::size_t s = 0; s < segments; ++s) {
+      for (std::size_t a = order.q_segment[s]; a < order.q_segment[s + 1]; a += o.chunk) {
+        blocks.push_back({g, s, a, std::min(order.q_segment[s + 1], a + o.chunk)});
+      }
+    }
+  }
+  const std::size_t workers = std::max<std::size_t>(1, std::min(workers_wanted, blocks.size()));
+  std::vector<LinearWorkspace<T>> workspaces(workers);
+  parallel_for(blocks.size(), workers, [&](std::size_t i, std::size_t w) {
+    const Block& blk = blocks[i];
+    const bool any_keys = order.k_segment[blk.segment + 1] > order.k_segment[blk.segment];
+    LinearHead<T>(q, k, v, out, o, plan, order, workspaces[w])
+        .read_queries(blk.g, blk.a, blk.b, sums[blk.g * segments + blk.segment], any_keys);
+  });
+}
+
+// The one-head matrix overloads: views over the matrices, then the core.
+template <class T>
+Matrix<T> linear_matrices(const char* fn, const ConstRef<T>& q, const ConstRef<T>& k, const ConstRef<T>& v,
+                          const FavorFeatures* phi, const Rotation<T>& pre_phi, const Rotation<T>* feature_rotation,
+                          const LinearOptions& o) {
+  if (k.cols() != q.cols()) fail(fn, "k.cols()", "q.cols() = " + to_text(q.cols()), k.cols());
+  if (v.rows() != k.rows()) fail(fn, "v.rows()", "k.rows() = " + to_text(k.rows()), v.rows());
+  if (v.cols() == 0) fail(fn, "v.cols()", "at least 1", v.cols());
+  const auto lq = static_cast<std::size_t>(q.rows()), lk = static_cast<std::size_t>(k.rows());
+  check_linear_options(fn, o, lq, lk);
+  const FeatureMap<T> map =
+      check_feature_map(fn, phi, static_cast<std::size_t>(q.cols()), pre_phi, feature_rotation, o, lq, lk);
+  Matrix<T> out = Matrix<T>::Zero(q.rows(), v.cols());
+  if (lq == 0) return out;
+  const View<T> out_view = matrix_view<T>(out.data(), out.rows(), out.cols(), out.cols());
+  linear_heads<T>(fn, matrix_view(q), matrix_view(k), matrix_view(v), out_view, o, map, nullptr);
+  return out;
+}
+
+template <class T>
+void linear_views(const char* fn, const View<const T>& q, const View<const T>& k, const View<const T>& v,
+                  const View<T>& out, const FavorFeatures* phi, const Rotation<T>& pre_phi,
+                  const Rotation<T>* feature_rotation, const LinearOptions& o, std::vector<LinearState<T>>* states) {
+  check_scalar<T>();
+  check_heads(fn, q, k, v, out);
+  check_linear_options(fn, o, q.tokens, k.tokens);
+  const FeatureMap<T> map = check_feature_map(fn, phi, q.head_dim, pre_phi, feature_rotation, o, q.tokens, k.tokens);
+  linear_heads<T>(fn, q, k, v, out, o, map, states);
+}
+
+}  // namespace detail
+
+// Linear attention over given features: phi_q (Lq x m), phi_k (Lk x m), v (Lk x dv).
+template <class DQ, class DK, class DV>
+Matrix<typename DQ::Scalar> linear(const Eigen::MatrixBase<DQ>& phi_q, const Eigen::MatrixBase<DK>& phi_k,
+                                   const Eigen::MatrixBase<DV>& v, const LinearOptions& options = {}) {
+  using T = typename DQ::Scalar;
+  detail::check_scalar<T>();
+  detail::check_same_scalar<DQ, DK>();
+  detail::check_same_scalar<DQ, DV>();
+  const ConstRef<T> qr(phi_q.derived()), kr(phi_k.derived()), vr(v.derived());
+  return detail::linear_matrices<T>("rope::attention::linear", qr, kr, vr, nullptr, {}, nullptr, options);
+}
+
+// RoFormer eq. 19 over given features: the numerator's features are rotated
+// by feature_rotation (a table over rotary_dim m) at the query / key
+// positions, the denominator's are not.
+template <class DQ, class DK, class DV>
+Matrix<typename DQ::Scalar> linear_eq19(const Eigen::MatrixBase<DQ>& phi_q, const Eigen::MatrixBase<DK>& phi_k,
+                                        const Eigen::MatrixBase<DV>& v,
+                                        const Rotation<typename DQ::Scalar>& feature_rotation,
+                                        const LinearOptions& options = {}) {
+  using T = typename DQ::Scalar;
+  detail::check_scalar<T>();
+  detail::check_same_scalar<DQ, DK>();
+  detail::check_same_scalar<DQ, DV>();
+  const ConstRef<T> qr(phi_q.derived()), kr(phi_k.derived()), vr(v.derived());
+  return detail::linear_matrices<T>("rope::attention::linear_eq19", qr, kr, vr, nullptr, {}, &feature_rotation,
+                                    options);
+}
+
+// FAVOR+ (or relu) linear attention from raw q (Lq x d), k (Lk x d), v. With
+// pre_phi.table set, q and k are rotated in d dimensions first (pre-phi mode).
+template <class DQ, class DK, class DV>
+Matrix<typename DQ::Scalar> linear(const Eigen::MatrixBase<DQ>& q, const Eigen::MatrixBase<DK>& k,
+                                   const Eigen::MatrixBase<DV>& v, const FavorFeatures& phi,
+                                   const LinearOptions& options = {},
+                                   const Rotation<typename DQ::Scalar>& pre_phi = {}) {
+  using T = typename DQ::Scalar;
+  detail::check_scalar<T>();
+  detail::check_same_scalar<DQ, DK>();
+  detail::check_same_scalar<DQ, DV>();
+  const ConstRef<T> qr(q.derived()), kr(k.derived()), vr(v.derived());
+  return detail::linear_matrices<T>("rope::attention::linear", qr, kr, vr, &phi, pre_phi, nullptr, options);
+}
+
+// FAVOR+ (or relu) linear attention in eq. 19 form from raw q, k, v: features
+// first, then the numerator's features rotated by feature_rotation (rotary_dim m).
+template <class DQ, class DK, class DV>
+Matrix<typename DQ::Scalar> linear_eq19(const Eigen::MatrixBase<DQ>& q, const Eigen::MatrixBase<DK>& k,
+                                        const Eigen::MatrixBase<DV>& v, const FavorFeatures& phi,
+                                        const Rotation<typename DQ::Scalar>& feature_rotation,
+                                        const LinearOptions& options = {}) {
+  using T = typename DQ::Scalar;
+  detail::check_scalar<T>();
+  detail::check_same_scalar<DQ, DK>();
+  detail::check_same_scalar<DQ, DV>();
+  const ConstRef<T> qr(q.derived()), kr(k.derived()), vr(v.derived());
+  return detail::linear_matrices<T>("rope::attention::linear_eq19", qr, kr, vr, &phi, {}, &feature_rotation,
+                                    options);
+}
+
+// Every head of [tokens, heads, head_dim] views: q [Lq, Hq, d], k [Lk, Hk, d],
+// v [Lk, Hk, dv], out [Lq, Hq, dv], Hq a multiple of Hk; FAVOR+ features,
+// pre-phi rotation optional. With options.causal, `states` (one LinearState
+// per key/value head; an empty vector is filled with fresh ones) holds what
+// earlier calls summed and receives this call's keys, so a prefill split
+// into chunks, then one token at a time, equals the one-shot call.
+template <class T>
+void linear(rope::detail::type_identity_t<View<const T>> q, rope::detail::type_identity_t<View<const T>> k,
+            rope::detail::type_identity_t<View<const T>> v, View<T> out, const FavorFeatures& phi,
+            const LinearOptions& options = {}, const Rotation<T>& pre_phi = {},
+            std::vector<LinearState<T>>* states = nullptr) {
+  detail::linear_views<T>("rope::attention::linear", q, k, v, out, &phi, pre_phi, nullptr, options, states);
+}
+
+// The same in eq. 19 form: the numerator's features rotated by
+// feature_rotation (rotary_dim m), the denominator's not.
+template <class T>
+void linear_eq19(rope::detail::type_identity_t<View<const T>> q, rope::detail::type_identity_t<View<const T>> k,
+                 rope::detail::type_identity_t<View<const T>> v, View<T> out, const FavorFeatures& phi,
+                 const Rotation<T>& feature_rotation, const LinearOptions& options = {},
+                 std::vector<LinearState<T>>* states = nullptr) {
+  detail::linear_views<T>("rope::attention::linear_eq19", q, k, v, out, &phi, {}, &feature_rotation, options, states);
+}
 
 }  // namespace rope::attention

@@ -1,23 +1,36 @@
-// rope/attention/softmax.hpp — softmax attention with RoPE on Q and K.
+// rope/attention/softmax.hpp — softmax attention with RoPE on Q and K, for
+// prefill and for decoding against a KV cache.
 //
 //   S_ij = (R_pq_i q_i) . (R_pk_j k_j) * scale,  out_i = sum_j softmax_j(S_i) v_j
 //
-// scale defaults to 1/sqrt(d); YaRN / DeepSeek checkpoints set their own.
-// Causal: key j is visible to query i only when pk_j <= pq_i (default
-// positions and Lq = Lk: the inclusive mask j <= i). A query that sees no key
-// gets a zero row. Evaluated blockwise with a running max and running sum
-// (online softmax): block x block scores at a time, each block product one
-// Eigen GEMM; memory O(block^2 + L d), never an Lq x Lk matrix.
+// over the keys j visible to query i (common.hpp: causal, sliding window,
+// sequence ids, by position). scale defaults to 1/sqrt(d); YaRN / DeepSeek
+// checkpoints set their own. A query that sees no key gets a zero row; a
+// query whose visible scores or values hold a NaN gets NaN. A masked key is
+// left out of the sums, never multiplied by zero: a NaN or Inf in a key or
+// value row reaches only the outputs of the queries that see it.
 //
-// Layout: see common.hpp (one token per row). The multi-head overload takes
-// rope::View tensors [tokens, heads, head_dim]; grouped-query heads: query
-// head h reads key/value head h / (Hq / Hk).
+// Evaluated blockwise with a running max and running sum (online softmax):
+// a tile of `block` query rows by `block` keys at a time, each product one
+// Eigen GEMM; memory O(block^2 + L d) per thread, never an Lq x Lk matrix.
+// With grouped-query heads the query heads that share a key/value head are
+// stacked into one tile, so each K and V row is read once per group, and K
+// is rotated once per key/value head. When the keys are sorted by (sequence,
+// position) each query sees one contiguous range of keys: tiles are cut at
+// the ranges' ends, so masked work stays below one tile width per row.
+//
+// Layout: see common.hpp. The multi-head overload takes rope::View tensors
+// [tokens, heads, head_dim]; query head h reads key/value head h / (Hq / Hk).
+// With options.keys_rotated, K is a cache of keys rotated when they were
+// appended (what an inference engine stores): only Q is rotated. softmax_step
+// appends new keys and values to such a cache and attends in one call.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
@@ -33,143 +46,322 @@ namespace rope::attention {
 struct SoftmaxOptions {
   bool causal = false;
   std::optional<double> scale;  // empty: 1/sqrt(d)
-  std::size_t block = 256;      // rows of Q and of K per block (block^2 scores: 256 KiB of f32)
-  std::vector<std::int64_t> q_positions, k_positions;  // empty: 0 .. L-1
+  // Rows of the score tile on each side: query rows (a group's heads times
+  // tokens) and keys per block. 256 x 256 scores of f32: 256 KiB.
+  std::size_t block = 256;
+  std::vector<std::int64_t> q_positions, k_positions;  // empty: q_offset + i, k_offset + j
+  std::int64_t q_offset = 0, k_offset = 0;
+  std::size_t window = 0;  // > 0: key j visible to query i only if pk_j > pq_i - window
+  std::vector<std::int64_t> q_sequence, k_sequence;  // packed batches: visible only within a sequence
+  bool keys_rotated = false;  // K already rotated (a KV cache): rotate Q only
+  std::size_t threads = 1;    // over key/value heads, then over query blocks
 };
 
 namespace detail {
 
 template <class T>
 struct SoftmaxPlan {
-  std::size_t rotary_dim;
-  T scale;
+  std::size_t rotary_dim = 0;
+  T scale = 1;
+  Visibility visibility;
+  bool sorted = true;
 };
 
+// Every argument of a softmax call; throws before anything is written.
 template <class T>
-SoftmaxPlan<T> check_softmax(const char* fn, std::ptrdiff_t lq, std::ptrdiff_t dq, std::ptrdiff_t lk,
-                             std::ptrdiff_t dk, std::ptrdiff_t lv, const Rotation<T>& rope, const SoftmaxOptions& o) {
-  if (dq != dk) fail(fn, "q has head dimension " + std::to_string(dq) + " but k has " + std::to_string(dk));
-  if (dq == 0) fail(fn, "head dimension is 0");
-  if (lv != lk) fail(fn, "v has " + std::to_string(lv) + " rows but k has " + std::to_string(lk));
-  if (o.block == 0) fail(fn, "options.block must be at least 1, got 0");
-  double scale = 1.0 / std::sqrt(static_cast<double>(dq));
+SoftmaxPlan<T> check_softmax(const char* fn, std::size_t lq, std::size_t lk, std::size_t d,
+                             const Rotation<T>& rotation, const SoftmaxOptions& o) {
+  if (o.block == 0) fail(fn, "options.block", "at least 1", o.block);
+  if (o.threads == 0) fail(fn, "options.threads", "at least 1", o.threads);
+  double scale = 1.0 / std::sqrt(static_cast<double>(d));
   if (o.scale) {
-    if (!std::isfinite(*o.scale)) fail(fn, "options.scale must be finite, got " + std::to_string(*o.scale));
+    if (!std::isfinite(*o.scale)) fail(fn, "options.scale", "finite", *o.scale);
     scale = *o.scale;
   }
-  check_positions_size(fn, "options.q_positions", o.q_positions, static_cast<std::size_t>(lq));
-  check_positions_size(fn, "options.k_positions", o.k_positions, static_cast<std::size_t>(lk));
-  const std::size_t r = rotary_width(fn, rope, static_cast<std::size_t>(dq));
-  check_table_positions(fn, "options.q_positions", rope, o.q_positions, static_cast<std::size_t>(lq));
-  check_table_positions(fn, "options.k_positions", rope, o.k_positions, static_cast<std::size_t>(lk));
-  return {r, static_cast<T>(scale)};
+  check_size(fn, "options.q_positions", o.q_positions, lq);
+  check_size(fn, "options.k_positions", o.k_positions, lk);
+  check_size(fn, "options.q_sequence", o.q_sequence, lq);
+  check_size(fn, "options.k_sequence", o.k_sequence, lk);
+  if (o.q_sequence.empty() != o.k_sequence.empty()) {
+    fail(fn, "options.k_sequence.size()", "given together with options.q_sequence (" +
+                                              to_text(o.q_sequence.size()) + " ids)",
+         o.k_sequence.size());
+  }
+  SoftmaxPlan<T> plan;
+  plan.rotary_dim = rotary_width(fn, "rotation", rotation, d);
+  plan.scale = static_cast<T>(scale);
+  Visibility& vis = plan.visibility;
+  vis.causal = o.causal;
+  vis.window = o.window;
+  vis.q_ids = o.q_positions.empty() ? nullptr : o.q_positions.data();
+  vis.k_ids = o.k_positions.empty() ? nullptr : o.k_positions.data();
+  vis.q_offset = o.q_offset;
+  vis.k_offset = o.k_offset;
+  vis.q_sequence = o.q_sequence.empty() ? nullptr : o.q_sequence.data();
+  vis.k_sequence = o.k_sequence.empty() ? nullptr : o.k_sequence.data();
+  if (vis.q_ids == nullptr && o.q_offset > std::numeric_limits<std::int64_t>::max() - static_cast<std::int64_t>(lq)) {
+    fail(fn, "options.q_offset", "small enough for every position to fit in int64", o.q_offset);
+  }
+  if (vis.k_ids == nullptr && o.k_offset > std::numeric_limits<std::int64_t>::max() - static_cast<std::int64_t>(lk)) {
+    fail(fn, "options.k_offset", "small enough for every position to fit in int64", o.k_offset);
+  }
+  check_table_positions(fn, "options.q_positions", rotation.table, vis.q_ids, o.q_offset, lq);
+  if (!o.keys_rotated) check_table_positions(fn, "options.k_positions", rotation.table, vis.k_ids, o.k_offset, lk);
+  plan.sorted = vis.keys_sorted(lk);
+  return plan;
 }
 
-// One head, arguments already checked; writes out (Lq x dv).
-template <class T, class Out>
-void softmax_head(const ConstRef<T>& q, const ConstRef<T>& k, const ConstRef<T>& v, const Rotation<T>& rope,
-                  const SoftmaxOptions& o, const SoftmaxPlan<T>& plan, Out&& out) {
-  const Eigen::Index lq = q.rows(), lk = k.rows(), dv = v.cols();
-  Matrix<T> qr = q;
-  Matrix<T> kr = k;
-  rotate_matrix(qr, rope, plan.rotary_dim, o.q_positions);
-  rotate_matrix(kr, rope, plan.rotary_dim, o.k_positions);
-  qr *= plan.scale;  // one pass over Q instead of one over every score block
+// The buffers one thread reuses for every tile it computes (allocated once
+// per call, before any thread starts).
+template <class T>
+struct SoftmaxWorkspace {
+  Matrix<T> q;        // tile rows x d: the group's queries, rotated and scaled
+  Matrix<T> scores;   // tile rows x block
+  Matrix<T> acc;      // tile rows x dv
+  Vector<T> row_max, row_sum;
+  Matrix<T> keys;     // Lk x d: the rotated keys of one key/value head
+  std::size_t keys_of_head = static_cast<std::size_t>(-1);
+  std::vector<std::size_t> lo, hi;  // each token's visible key range (sorted keys)
+  std::vector<unsigned char> seen;  // per token: some key was visible
+};
 
-  const auto b = static_cast<Eigen::Index>(o.block);
-  const T neg_inf = -std::numeric_limits<T>::infinity();
-  Matrix<T> scores(std::min(b, lq), std::min(b, lk));
-  Matrix<T> acc;
-  Vector<T> row_max, row_sum, correction, shift;
-  std::vector<Eigen::Index> visible(static_cast<std::size_t>(std::min(b, lq)));
-  for (Eigen::Index i0 = 0; i0 < lq; i0 += b) {
-    const Eigen::Index bq = std::min(b, lq - i0);
-    acc.setZero(bq, dv);
-    row_max.setConstant(bq, neg_inf);
-    row_sum.setZero(bq);
-    std::int64_t q_lo = 0, q_hi = 0;
-    if (o.causal) {
-      q_lo = std::numeric_limits<std::int64_t>::max();
-      q_hi = std::numeric_limits<std::int64_t>::min();
-      for (Eigen::Index i = i0; i < i0 + bq; ++i) {
-        const std::int64_t p = position_at(o.q_positions, static_cast<std::size_t>(i));
-        q_lo = std::min(q_lo, p);
-        q_hi = std::max(q_hi, p);
+// One tile: query tokens [t0, t1) of key/value head g, all `group` query
+// heads of the group stacked token-major (row = token * group + head).
+template <class T>
+class SoftmaxTile {
+ public:
+  SoftmaxTile(const View<const T>& q, const View<const T>& k, const View<const T>& v, const View<T>& out,
+              const Rotation<T>& rotation, const SoftmaxOptions& o, const SoftmaxPlan<T>& plan,
+              SoftmaxWorkspace<T>& ws)
+      : q_(q), k_(k), v_(v), out_(out), rotation_(rotation), o_(o), plan_(plan), ws_(ws) {}
+
+  void run(std::size_t g, std::size_t t0, std::size_t t1) {
+    group_ = q_.heads / k_.heads;
+    g_ = g;
+    t0_ = t0;
+    tokens_ = t1 - t0;
+    const auto rows = static_cast<Eigen::Index>(tokens_ * group_);
+    const auto d = static_cast<Eigen::Index>(q_.head_dim), dv = static_cast<Eigen::Index>(v_.head_dim);
+    load_queries(rows, d);
+    bind_keys(d);
+    ws_.acc.setZero(rows, dv);
+    ws_.row_max.setConstant(rows, -std::numeric_limits<T>::infinity());
+    ws_.row_sum.setZero(rows);
+    ws_.seen.assign(tokens_, 0);
+    const std::size_t lk = k_.tokens;
+    const std::size_t bk = std::min(o_.block, std::max<std::size_t>(lk, 1));
+    if (!plan_.visibility.masks()) {
+      for (std::size_t j0 = 0; j0 < lk; j0 += bk) tile(j0, std::min(bk, lk - j0), false);
+      std::fill(ws_.seen.begin(), ws_.seen.end(), lk > 0 ? 1 : 0);
+    } else if (plan_.sorted) {
+      // Keys every token of the tile sees (full) and the ragged ends.
+      ws_.lo.resize(tokens_);
+      ws_.hi.resize(tokens_);
+      std::size_t min_lo = lk, max_lo = 0, min_hi = lk, max_hi = 0;
+      for (std::size_t t = 0; t < tokens_; ++t) {
+        plan_.visibility.range(t0_ + t, lk, ws_.lo[t], ws_.hi[t]);
+        if (ws_.lo[t] >= ws_.hi[t]) continue;
+        ws_.seen[t] = 1;
+        min_lo = std::min(min_lo, ws_.lo[t]);
+        max_lo = std::max(max_lo, ws_.lo[t]);
+        min_hi = std::min(min_hi, ws_.hi[t]);
+        max_hi = std::max(max_hi, ws_.hi[t]);
       }
-    }
-    for (Eigen::Index j0 = 0; j0 < lk; j0 += b) {
-      const Eigen::Index bk = std::min(b, lk - j0);
-      bool partial = false;  // some pair of the block is masked
-      bool sorted = true;    // key positions nondecreasing: each row sees a prefix
-      if (o.causal) {
-        std::int64_t k_lo = std::numeric_limits<std::int64_t>::max();
-        std::int64_t k_hi = std::numeric_limits<std::int64_t>::min();
-        for (Eigen::Index j = j0; j < j0 + bk; ++j) {
-          const std::int64_t p = position_at(o.k_positions, static_cast<std::size_t>(j));
-          sorted = sorted && p >= k_hi;
-          k_lo = std::min(k_lo, p);
-          k_hi = std::max(k_hi, p);
-        }
-        if (k_lo > q_hi) continue;  // every key of the block is in every query's future
-        partial = k_hi > q_lo;
-      }
-      auto s = scores.topLeftCorner(bq, bk);
-      s.noalias() = qr.middleRows(i0, bq) * kr.middleRows(j0, bk).transpose();
-      if (partial) {
-        for (Eigen::Index i = 0; i < bq; ++i) {
-          const std::int64_t pq = position_at(o.q_positions, static_cast<std::size_t>(i0 + i));
-          if (sorted) {
-            Eigen::Index seen = 0;
-            while (seen < bk && position_at(o.k_positions, static_cast<std::size_t>(j0 + seen)) <= pq) ++seen;
-            visible[static_cast<std::size_t>(i)] = seen;
-            s.row(i).tail(bk - seen).setConstant(neg_inf);
-            continue;
-          }
-          for (Eigen::Index j = 0; j < bk; ++j) {
-            if (position_at(o.k_positions, static_cast<std::size_t>(j0 + j)) > pq) s(i, j) = neg_inf;
-          }
-        }
-      }
-      // New running max; a row with nothing visible yet keeps shift 0 so that
-      // exp(-inf - shift) is 0 rather than NaN.
-      shift = row_max.cwiseMax(s.rowwise().maxCoeff());
-      correction.resize(bq);
-      for (Eigen::Index i = 0; i < bq; ++i) {
-        if (shift[i] == neg_inf) {
-          shift[i] = 0;
-          correction[i] = 1;
+      if (min_lo < max_hi) {
+        const bool uniform = max_lo < min_hi && std::count(ws_.seen.begin(), ws_.seen.end(), 1) ==
+                                                    static_cast<std::ptrdiff_t>(tokens_);
+        if (uniform) {
+          sweep(min_lo, max_lo, bk, true);
+          sweep(max_lo, min_hi, bk, false);
+          sweep(min_hi, max_hi, bk, true);
         } else {
-          correction[i] = row_max[i] == neg_inf ? T(0) : std::exp(row_max[i] - shift[i]);
-          row_max[i] = shift[i];
+          sweep(min_lo, max_hi, bk, true);
         }
       }
-      shift_rows(s, shift, true);
-      if (partial) {
-        // A vectorised exp need not return exactly 0 for -inf (Eigen's
-        // double exp clamps to ~5e-309): masked weights are set to 0 here.
-        for (Eigen::Index i = 0; i < bq; ++i) {
-          if (sorted) {
-            s.row(i).tail(bk - visible[static_cast<std::size_t>(i)]).setZero();
-            continue;
-          }
-          const std::int64_t pq = position_at(o.q_positions, static_cast<std::size_t>(i0 + i));
-          for (Eigen::Index j = 0; j < bk; ++j) {
-            if (position_at(o.k_positions, static_cast<std::size_t>(j0 + j)) > pq) s(i, j) = 0;
-          }
-        }
+    } else {
+      for (std::size_t t = 0; t < tokens_; ++t) {
+        for (std::size_t j = 0; j < lk && !ws_.seen[t]; ++j) ws_.seen[t] = plan_.visibility.visible(t0_ + t, j);
       }
-      row_sum = row_sum.cwiseProduct(correction) + s.rowwise().sum();
-      acc = correction.asDiagonal() * acc;
-      acc.noalias() += s * v.middleRows(j0, bk);
+      for (std::size_t j0 = 0; j0 < lk; j0 += bk) tile(j0, std::min(bk, lk - j0), true);
     }
-    for (Eigen::Index i = 0; i < bq; ++i) {
-      if (row_sum[i] > 0) {
-        out.row(i0 + i) = acc.row(i) / row_sum[i];
-      } else {
-        out.row(i0 + i).setZero();
+    write_out(rows);
+  }
+
+ private:
+  // The group's queries, rotated at their positions and scaled once.
+  void load_queries(Eigen::Index rows, Eigen::Index d) {
+    ws_.q.resize(rows, d);
+    for (std::size_t t = 0; t < tokens_; ++t) {
+      for (std::size_t h = 0; h < group_; ++h) {
+        std::memcpy(ws_.q.row(static_cast<Eigen::Index>(t * group_ + h)).data(), q_.row(t0_ + t, g_ * group_ + h),
+                    static_cast<std::size_t>(d) * sizeof(T));
+      }
+      if (rotation_.table != nullptr && plan_.rotary_dim > 0) {
+        const auto m = static_cast<std::size_t>(plan_.visibility.q_position(t0_ + t));
+        T* first = ws_.q.row(static_cast<Eigen::Index>(t * group_)).data();
+        with_style(rotation_.style, [&](auto s) {
+          rotate_heads<decltype(s)::value, T>(first, d, first, d, group_, rotation_.table->cos(m),
+                                              rotation_.table->sin(m), plan_.rotary_dim);
+        });
+      }
+    }
+    ws_.q *= plan_.scale;  // one pass over Q instead of one over every score tile
+  }
+
+  // K of head g: rotated once into the workspace, or read in place.
+  void bind_keys(Eigen::Index d) {
+    const std::size_t lk = k_.tokens;
+    const bool rotate = rotation_.table != nullptr && plan_.rotary_dim > 0 && !o_.keys_rotated;
+    if (!rotate) {
+      keys_data_ = k_.data + g_ * k_.head_stride;
+      keys_stride_ = lk > 1 ? static_cast<Eigen::Index>(k_.token_stride) : d;
+      return;
+    }
+    if (ws_.keys_of_head != g_) {
+      ws_.keys.resize(static_cast<Eigen::Index>(lk), d);
+      with_style(rotation_.style, [&](auto s) {
+        for (std::size_t j = 0; j < lk; ++j) {
+          T* row = ws_.keys.row(static_cast<Eigen::Index>(j)).data();
+          const T* src = k_.row(j, g_);
+          const auto m = static_cast<std::size_t>(plan_.visibility.k_position(j));
+          rotate_heads<decltype(s)::value, T>(src, 0, row, 0, 1, rotation_.table->cos(m), rotation_.table->sin(m),
+                                              plan_.rotary_dim);
+          if (plan_.rotary_dim < static_cast<std::size_t>(d)) {
+            std::memcpy(row + plan_.rotary_dim, src + plan_.rotary_dim,
+                        (static_cast<std::size_t>(d) - plan_.rotary_dim) * sizeof(T));
+          }
+        }
+      });
+      ws_.keys_of_head = g_;
+    }
+    keys_data_ = ws_.keys.data();
+    keys_stride_ = d;
+  }
+
+  void sweep(std::size_t begin, std::size_t end, std::size_t bk, bool partial) {
+    for (std::size_t j0 = begin; j0 < end; j0 += bk) tile(j0, std::min(bk, end - j0), partial);
+  }
+
+  bool visible(std::size_t t, std::size_t j) const noexcept {
+    if (plan_.sorted) return j >= ws_.lo[t] && j < ws_.hi[t];
+    return plan_.visibility.visible(t0_ + t, j);
+  }
+
+  // Keys [j0, j0 + n): scores, running max and sum, and the weighted values.
+  void tile(std::size_t j0, std::size_t n, bool partial) {
+    const auto rows = ws_.q.rows(), d = ws_.q.cols();
+    const auto bn = static_cast<Eigen::Index>(n);
+    if (partial) {
+      bool any = false;
+      for (std::size_t t = 0; t < tokens_ && !any; ++t) {
+        for (std::size_t j = j0; j < j0 + n && !any; ++j) any = visible(t, j);
+      }
+      if (!any) return;
+    }
+    const ConstRowsMap<T> keys(keys_data_ + static_cast<Eigen::Index>(j0) * keys_stride_, bn, d,
+                               Eigen::OuterStride<>(keys_stride_));
+    const std::size_t v_stride = k_.tokens > 1 ? v_.token_stride : v_.head_dim;
+    const ConstRowsMap<T> values(v_.data + g_ * v_.head_stride + j0 * v_stride, bn,
+                                 static_cast<Eigen::Index>(v_.head_dim),
+                                 Eigen::OuterStride<>(static_cast<Eigen::Index>(v_stride)));
+    ws_.scores.resize(rows, bn);
+    auto& s = ws_.scores;
+    s.noalias() = ws_.q * keys.transpose();
+    const T neg_inf = -std::numeric_limits<T>::infinity();
+    if (partial) {
+      for (std::size_t t = 0; t < tokens_; ++t) {
+        for (std::size_t j = 0; j < n; ++j) {
+          if (!visible(t, j0 + j)) s.block(static_cast<Eigen::Index>(t * group_), static_cast<Eigen::Index>(j),
+                                           static_cast<Eigen::Index>(group_), 1).setConstant(neg_inf);
+        }
+      }
+    }
+    // New running max, then exp(s - max) in place and the correction of
+    // what was accumulated so far. A row with nothing visible yet keeps the
+    // shift 0, so that exp(-inf - 0) is 0 rather than NaN.
+    for (Eigen::Index r = 0; r < rows; ++r) {
+      const T old_max = ws_.row_max[r];
+      const T new_max = std::max(old_max, s.row(r).maxCoeff());
+      const T shift = new_max == neg_inf ? T(0) : new_max;
+      s.row(r) = (s.row(r).array() - shift).exp().matrix();
+      const T correction = (old_max == neg_inf || new_max == neg_inf) ? T(old_max == neg_inf ? 0 : 1)
+                                                                      : std::exp(old_max - new_max);
+      if (new_max != neg_inf) ws_.row_max[r] = new_max;
+      ws_.row_sum[r] = ws_.row_sum[r] * correction;
+      if (correction != T(1)) ws_.acc.row(r) *= correction;
+    }
+    if (partial) {
+      // A vectorised exp need not return exactly 0 for -inf (Eigen's double
+      // exp clamps to ~5e-309): masked weights are set to 0 here.
+      for (std::size_t t = 0; t < tokens_; ++t) {
+        for (std::size_t j = 0; j < n; ++j) {
+          if (!visible(t, j0 + j)) s.block(static_cast<Eigen::Index>(t * group_), static_cast<Eigen::Index>(j),
+                                           static_cast<Eigen::Index>(group_), 1).setZero();
+        }
+      }
+    }
+    ws_.row_sum += s.rowwise().sum();
+    if (!partial || values.allFinite()) {
+      ws_.acc.noalias() += s * values;
+      return;
+    }
+    // A masked key's value is not finite: 0 * NaN would leak it into rows
+    // that must not see it, so each row sums over its visible keys alone.
+    for (std::size_t t = 0; t < tokens_; ++t) {
+      for (std::size_t j = 0; j < n; ++j) {
+        if (!visible(t, j0 + j)) continue;
+        const auto jj = static_cast<Eigen::Index>(j);
+        for (std::size_t h = 0; h < group_; ++h) {
+          const auto r = static_cast<Eigen::Index>(t * group_ + h);
+          ws_.acc.row(r) += s(r, jj) * values.row(jj);
+        }
       }
     }
   }
+
+  void write_out(Eigen::Index rows) {
+    const auto dv = static_cast<Eigen::Index>(v_.head_dim);
+    for (Eigen::Index r = 0; r < rows; ++r) {
+      const auto t = static_cast<std::size_t>(r) / group_, h = static_cast<std::size_t>(r) % group_;
+      Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> dst(out_.row(t0_ + t, g_ * group_ + h), dv);
+      if (ws_.seen[t]) {
+        dst = ws_.acc.row(r) / ws_.row_sum[r];
+      } else {
+        dst.setZero();
+      }
+    }
+  }
+
+  const View<const T>& q_;
+  const View<const T>& k_;
+  const View<const T>& v_;
+  const View<T>& out_;
+  const Rotation<T>& rotation_;
+  const SoftmaxOptions& o_;
+  const SoftmaxPlan<T>& plan_;
+  SoftmaxWorkspace<T>& ws_;
+  std::size_t group_ = 1, g_ = 0, t0_ = 0, tokens_ = 0;
+  const T* keys_data_ = nullptr;
+  Eigen::Index keys_stride_ = 0;
+};
+
+// Every head and query block of checked views: work items are (key/value
+// head, block of query tokens), in that order, split across threads.
+template <class T>
+void softmax_heads(const View<const T>& q, const View<const T>& k, const View<const T>& v, const View<T>& out,
+                   const Rotation<T>& rotation, const SoftmaxOptions& o, const SoftmaxPlan<T>& plan) {
+  if (q.tokens == 0 || q.heads == 0) return;
+  const std::size_t group = q.heads / k.heads;
+  const std::size_t tokens_per_block = std::max<std::size_t>(1, std::min(o.block, q.tokens * group) / group);
+  const std::size_t blocks = (q.tokens + tokens_per_block - 1) / tokens_per_block;
+  const std::size_t items = k.heads * blocks;
+  const std::size_t workers = std::max<std::size_t>(1, std::min(o.threads, items));
+  std::vector<SoftmaxWorkspace<T>> workspaces(workers);
+  parallel_for(items, workers, [&](std::size_t item, std::size_t w) {
+    const std::size_t g = item / blocks, b = item % blocks;
+    const std::size_t t0 = b * tokens_per_block;
+    SoftmaxTile<T>(q, k, v, out, rotation, o, plan, workspaces[w]).run(g, t0, std::min(q.tokens, t0 + tokens_per_block));
+  });
 }
 
 }  // namespace detail
@@ -177,81 +369,154 @@ void softmax_head(const ConstRef<T>& q, const ConstRef<T>& k, const ConstRef<T>&
 // One batch x head: q (Lq x d), k (Lk x d), v (Lk x dv) -> Lq x dv.
 template <class DQ, class DK, class DV>
 Matrix<typename DQ::Scalar> softmax(const Eigen::MatrixBase<DQ>& q, const Eigen::MatrixBase<DK>& k,
-                                    const Eigen::MatrixBase<DV>& v, const Rotation<typename DQ::Scalar>& rope = {},
+                                    const Eigen::MatrixBase<DV>& v, const Rotation<typename DQ::Scalar>& rotation = {},
                                     const SoftmaxOptions& options = {}) {
   using T = typename DQ::Scalar;
   detail::check_scalar<T>();
   detail::check_same_scalar<DQ, DK>();
   detail::check_same_scalar<DQ, DV>();
+  const char* fn = "rope::attention::softmax";
   const ConstRef<T> qr(q.derived()), kr(k.derived()), vr(v.derived());
-  const auto plan = detail::check_softmax<T>("rope::attention::softmax", qr.rows(), qr.cols(), kr.rows(),
-                                             kr.cols(), vr.rows(), rope, options);
+  if (kr.cols() != qr.cols()) detail::fail(fn, "k.cols() (the head dimension)", "q.cols() = " + detail::to_text(qr.cols()), kr.cols());
+  if (qr.cols() == 0) detail::fail(fn, "q.cols() (the head dimension)", "at least 1", qr.cols());
+  if (vr.rows() != kr.rows()) detail::fail(fn, "v.rows()", "k.rows() = " + detail::to_text(kr.rows()), vr.rows());
+  const auto plan = detail::check_softmax<T>(fn, static_cast<std::size_t>(qr.rows()), static_cast<std::size_t>(kr.rows()),
+                                             static_cast<std::size_t>(qr.cols()), rotation, options);
   Matrix<T> out(qr.rows(), vr.cols());
-  detail::softmax_head<T>(qr, kr, vr, rope, options, plan, out);
+  if (out.size() == 0) return out;
+  const View<T> out_view = detail::matrix_view<T>(out.data(), out.rows(), out.cols(), out.cols());
+  if (kr.rows() == 0 || vr.cols() == 0) {
+    out.setZero();
+    return out;
+  }
+  detail::softmax_heads<T>(detail::matrix_view(qr), detail::matrix_view(kr), detail::matrix_view(vr), out_view,
+                           rotation, options, plan);
   return out;
 }
 
 // Every head of [tokens, heads, head_dim] tensors: q [Lq, Hq, d], k [Lk, Hk, d],
 // v [Lk, Hk, dv], out [Lq, Hq, dv]; Hq a multiple of Hk. Everything is checked
-// before out is written; out must not overlap q, k or v (heads are written
-// one after another).
+// before out is written; out must share no element with q, k or v.
 template <class T>
 void softmax(rope::detail::type_identity_t<View<const T>> q, rope::detail::type_identity_t<View<const T>> k,
-             rope::detail::type_identity_t<View<const T>> v, View<T> out, const Rotation<T>& rope = {},
+             rope::detail::type_identity_t<View<const T>> v, View<T> out, const Rotation<T>& rotation = {},
              const SoftmaxOptions& options = {}) {
   detail::check_scalar<T>();
   const char* fn = "rope::attention::softmax";
-  const View<const T>* views[] = {&q, &k, &v};
-  const char* names[] = {"q", "k", "v"};
-  for (int i = 0; i < 3; ++i) {
-    if (views[i]->data == nullptr) detail::fail(fn, std::string(names[i]) + ".data is null");
+  detail::check_heads(fn, q, k, v, out);
+  const auto plan = detail::check_softmax<T>(fn, q.tokens, k.tokens, q.head_dim, rotation, options);
+  if (k.tokens == 0) {
+    for (std::size_t t = 0; t < out.tokens; ++t) {
+      for (std::size_t h = 0; h < out.heads; ++h) std::fill_n(out.row(t, h), out.head_dim, T(0));
+    }
+    return;
   }
-  if (out.data == nullptr) detail::fail(fn, "out.data is null");
-  if (k.heads == 0 || q.heads % k.heads != 0) {
-    detail::fail(fn, "q.heads " + std::to_string(q.heads) + " is not a multiple of k.heads " +
-                         std::to_string(k.heads));
+  detail::softmax_heads<T>(q, k, v, out, rotation, options, plan);
+}
+
+// A KV cache of rotated keys and their values, [capacity, kv_heads, head_dim]
+// each, of which the first `length` tokens are filled (positions
+// 0 .. length-1 unless the options say otherwise).
+template <class T>
+struct KvCache {
+  View<T> k, v;
+  std::size_t length = 0;
+};
+
+// One step of prefill or decode: rotates q and k_new by their positions
+// (default: cache.length + t), writes the rotated k_new and v_new into the
+// cache at tokens [length, length + n), then attends q over the cache's
+// length + n keys (set options.causal for a decoder's prefill chunks; a
+// one-token step sees the whole cache either way) and advances cache.length. K is rotated once, where the cache keeps it; no key is ever
+// re-rotated. options.k_positions, if given, holds the positions of all
+// length + n cached keys; options.keys_rotated is implied.
+template <class T>
+void softmax_step(rope::detail::type_identity_t<View<const T>> q, rope::detail::type_identity_t<View<const T>> k_new,
+                  rope::detail::type_identity_t<View<const T>> v_new, KvCache<T>& cache, View<T> out,
+                  const Rotation<T>& rotation, SoftmaxOptions options) {
+  detail::check_scalar<T>();
+  const char* fn = "rope::attention::softmax_step";
+  using rope::detail::check_disjoint;
+  using rope::detail::check_view;
+  using detail::fail;
+  using detail::to_text;
+  check_view(fn, "cache.k", cache.k);
+  check_view(fn, "cache.v", cache.v);
+  check_view(fn, "k_new", k_new);
+  check_view(fn, "v_new", v_new);
+  const std::size_t n = k_new.tokens;
+  if (cache.length > cache.k.tokens) fail(fn, "cache.length", "<= cache.k.tokens = " + to_text(cache.k.tokens), cache.length);
+  if (cache.v.tokens != cache.k.tokens) fail(fn, "cache.v.tokens", "cache.k.tokens = " + to_text(cache.k.tokens), cache.v.tokens);
+  if (n > cache.k.tokens - cache.length) {
+    fail(fn, "k_new.tokens", "<= the cache's free tokens " + to_text(cache.k.tokens - cache.length), n);
   }
-  if (v.heads != k.heads) {
-    detail::fail(fn, "v.heads " + std::to_string(v.heads) + " differs from k.heads " + std::to_string(k.heads));
+  if (q.tokens != n) fail(fn, "q.tokens", "k_new.tokens = " + to_text(n), q.tokens);
+  if (v_new.tokens != n) fail(fn, "v_new.tokens", "k_new.tokens = " + to_text(n), v_new.tokens);
+  if (k_new.heads != cache.k.heads) fail(fn, "k_new.heads", "cache.k.heads = " + to_text(cache.k.heads), k_new.heads);
+  if (v_new.heads != cache.v.heads) fail(fn, "v_new.heads", "cache.v.heads = " + to_text(cache.v.heads), v_new.heads);
+  if (k_new.head_dim != cache.k.head_dim) {
+    fail(fn, "k_new.head_dim", "cache.k.head_dim = " + to_text(cache.k.head_dim), k_new.head_dim);
   }
-  if (v.tokens != k.tokens) {
-    detail::fail(fn, "v.tokens " + std::to_string(v.tokens) + " differs from k.tokens " + std::to_string(k.tokens));
+  if (v_new.head_dim != cache.v.head_dim) {
+    fail(fn, "v_new.head_dim", "cache.v.head_dim = " + to_text(cache.v.head_dim), v_new.head_dim);
   }
-  if (out.tokens != q.tokens || out.heads != q.heads || out.head_dim != v.head_dim) {
-    detail::fail(fn, "out is [" + std::to_string(out.tokens) + ", " + std::to_string(out.heads) + ", " +
-                         std::to_string(out.head_dim) + "], expected [" + std::to_string(q.tokens) + ", " +
-                         std::to_string(q.heads) + ", " + std::to_string(v.head_dim) + "]");
+  const std::size_t total = cache.length + n;
+  const View<const T> keys = cache.k.slice_tokens(0, total), values = cache.v.slice_tokens(0, total);
+  const View<T> k_slot = cache.k.slice_tokens(cache.length, n), v_slot = cache.v.slice_tokens(cache.length, n);
+  detail::check_heads(fn, q, keys, values, out);
+  check_disjoint(fn, "cache.k", cache.k, "cache.v", cache.v);
+  check_disjoint(fn, "cache.k", cache.k, "k_new", k_new);
+  check_disjoint(fn, "cache.k", cache.k, "v_new", v_new);
+  check_disjoint(fn, "cache.k", cache.k, "q", q);
+  check_disjoint(fn, "cache.v", cache.v, "k_new", k_new);
+  check_disjoint(fn, "cache.v", cache.v, "v_new", v_new);
+  check_disjoint(fn, "cache.v", cache.v, "q", q);
+  check_disjoint(fn, "out", out, "k_new", k_new);
+  check_disjoint(fn, "out", out, "v_new", v_new);
+  if (options.q_positions.empty()) {
+    if (cache.length > static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max() - options.q_offset)) {
+      fail(fn, "cache.length", "small enough for positions to fit in int64", cache.length);
+    }
+    options.q_offset += static_cast<std::int64_t>(cache.length);
   }
-  for (int i = 0; i < 3; ++i) {
-    if (views[i]->tokens > 1 && views[i]->token_stride < views[i]->head_dim) {
-      detail::fail(fn, std::string(names[i]) + ".token_stride " + std::to_string(views[i]->token_stride) +
-                           " is below its head_dim " + std::to_string(views[i]->head_dim));
+  options.keys_rotated = true;
+  const auto plan = detail::check_softmax<T>(fn, n, total, q.head_dim, rotation, options);
+  // The new keys' positions: the queries' own unless k_positions says.
+  std::vector<std::int64_t> new_positions(n);
+  for (std::size_t t = 0; t < n; ++t) {
+    new_positions[t] = options.k_positions.empty() ? plan.visibility.q_position(t) : options.k_positions[cache.length + t];
+  }
+  if (!options.k_positions.empty() || !options.q_positions.empty()) {
+    detail::check_table_positions(fn, "the new keys' positions", rotation.table, new_positions.data(), 0, n);
+  }
+  detail::SoftmaxPlan<T> attend = plan;
+  if (options.k_positions.empty()) {
+    // Cached keys sit at 0 .. length-1 and the new ones where the queries are.
+    options.k_positions.resize(total);
+    for (std::size_t j = 0; j < cache.length; ++j) options.k_positions[j] = static_cast<std::int64_t>(j);
+    std::copy(new_positions.begin(), new_positions.end(), options.k_positions.begin() + cache.length);
+    attend.visibility.k_ids = options.k_positions.data();
+    attend.sorted = attend.visibility.keys_sorted(total);
+  }
+  // Write the new keys, rotated, and values into their slots: the only
+  // writes before the attention itself, after every check.
+  for (std::size_t t = 0; t < n; ++t) {
+    for (std::size_t h = 0; h < k_new.heads; ++h) {
+      std::memcpy(k_slot.row(t, h), k_new.row(t, h), k_new.head_dim * sizeof(T));
+      std::memcpy(v_slot.row(t, h), v_new.row(t, h), v_new.head_dim * sizeof(T));
+    }
+    if (rotation.table != nullptr && plan.rotary_dim > 0) {
+      const auto m = static_cast<std::size_t>(new_positions[t]);
+      with_style(rotation.style, [&](auto s) {
+        rotate_heads<decltype(s)::value, T>(k_slot.row(t, 0), static_cast<std::ptrdiff_t>(k_slot.head_stride),
+                                            k_slot.row(t, 0), static_cast<std::ptrdiff_t>(k_slot.head_stride),
+                                            k_slot.heads, rotation.table->cos(m), rotation.table->sin(m),
+                                            plan.rotary_dim);
+      });
     }
   }
-  if (out.tokens > 1 && out.token_stride < out.head_dim) {
-    detail::fail(fn, "out.token_stride " + std::to_string(out.token_stride) + " is below its head_dim " +
-                         std::to_string(out.head_dim));
-  }
-  using Map = Eigen::Map<const Matrix<T>, 0, Eigen::OuterStride<>>;
-  using MutMap = Eigen::Map<Matrix<T>, 0, Eigen::OuterStride<>>;
-  const auto rows = [](std::size_t n) { return static_cast<Eigen::Index>(n); };
-  const auto stride = [](std::size_t s, std::size_t d) { return Eigen::OuterStride<>(static_cast<Eigen::Index>(s == 0 ? d : s)); };
-  const auto plan = detail::check_softmax<T>(fn, rows(q.tokens), rows(q.head_dim), rows(k.tokens),
-                                             rows(k.head_dim), rows(v.tokens), rope, options);
-  const std::size_t group = q.heads / k.heads;
-  Matrix<T> head_out(rows(q.tokens), rows(v.head_dim));
-  for (std::size_t h = 0; h < q.heads; ++h) {
-    const std::size_t kv = h / group;
-    const ConstRef<T> qh(Map(q.data + h * q.head_stride, rows(q.tokens), rows(q.head_dim),
-                             stride(q.token_stride, q.head_dim)));
-    const ConstRef<T> kh(Map(k.data + kv * k.head_stride, rows(k.tokens), rows(k.head_dim),
-                             stride(k.token_stride, k.head_dim)));
-    const ConstRef<T> vh(Map(v.data + kv * v.head_stride, rows(v.tokens), rows(v.head_dim),
-                             stride(v.token_stride, v.head_dim)));
-    detail::softmax_head<T>(qh, kh, vh, rope, options, plan, head_out);
-    MutMap(out.data + h * out.head_stride, rows(out.tokens), rows(out.head_dim), stride(out.token_stride, out.head_dim)) =
-        head_out;
-  }
+  detail::softmax_heads<T>(q, keys, values, out, rotation, options, attend);
+  cache.length = total;
 }
 
 }  // namespace rope::attention
