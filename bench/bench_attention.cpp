@@ -1,113 +1,223 @@
-// attention/<case>/L<n>: one f32 head of d = dv = 64 over L tokens, RoPE on Q
-// and K (rotate_half, base 10000), every case causal where it has a mode:
-//   softmax_causal  blockwise online softmax (default block)
-//   linear          FAVOR+ (m = 256) causal linear attention, chunked
-//   linear_eq19     FAVOR+ (m = 256) causal, RoFormer eq. 19 (features rotated over m)
-//   qk_gemm         the full L x L product Q K^T in one Eigen GEMM: the
-//                   compute ceiling the score part of softmax is read against
-// Each case counts L tokens as items, Q, K, V read and the output written as
-// bytes, and reports GFLOP/s over the nominal flops of one call (2 per
-// multiply-add of the products the algorithm needs; masked-out work that a
-// diagonal block still does is not counted).
+// attention/...: the multi-head attention calls of an inference engine, f32,
+// RoPE on Q and K (rotate_half), rope::View tensors [tokens, heads, d]:
+//   prefill/softmax/T<n>      causal softmax, 32 query / 8 key-value heads,
+//                             d = 128, L = 1024, on n threads
+//   prefill/gemm_same_flops   bare Eigen GEMMs doing the same multiply-adds
+//                             (per key/value head: [4L x d] x [d x L/2] and
+//                             [4L x L/2] x [L/2 x d]): the compute ceiling
+//   decode/softmax            one query token against a KV cache of 4096
+//                             rotated keys (keys_rotated), 32/8 heads, d = 128
+//   decode/softmax_step       the same through softmax_step: the new token's
+//                             K rotated and written into the cache first
+//   decode/memcpy_kv          memcpy of the K and V cache bytes: the memory
+//                             limit a decode step is read against
+//   scaling/softmax/L<n>      causal softmax, 8 heads of d = 64
+//   scaling/linear_eq19/L<n>  causal FAVOR+ (m = 256) RoFormer eq. 19, 8 heads
+//   scaling/linear/L<n>       causal FAVOR+ (m = 256), pre-phi RoPE, 8 heads
+// GFLOP/s counts the multiply-adds the algorithm needs (2 flops each); the
+// causal count is L (L + 1) / 2 query-key pairs.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
-#include <cstdlib>
+#include <cstring>
+#include <random>
 #include <string>
+#include <vector>
 
 #include <rope/attention.hpp>
-#include <rope/frequencies.hpp>
-#include <rope/table.hpp>
 
 namespace {
 
-using rope::attention::Matrix;
+namespace ra = rope::attention;
 
-constexpr std::int64_t kHeadDim = 64;
-constexpr std::int64_t kValueDim = 64;
-constexpr std::int64_t kFeatures = 256;
-constexpr std::int64_t kLengths[] = {256, 512, 1024, 2048, 4096};
-
-Matrix<float> inputs(std::int64_t rows, std::int64_t cols, unsigned seed) {
-  std::srand(seed);
-  // Uniform entries in [-0.5, 0.5] keep FAVOR+ in its well-conditioned range.
-  return Matrix<float>::Random(static_cast<Eigen::Index>(rows), static_cast<Eigen::Index>(cols)) * 0.5f;
+std::vector<float> random_tensor(std::size_t n, std::uint32_t seed, float scale = 0.5f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
 }
 
-void set_counters(benchmark::State& state, std::int64_t l, double flops) {
-  state.SetItemsProcessed(state.iterations() * l);
-  state.SetBytesProcessed(state.iterations() * (3 * l * kHeadDim + l * kValueDim) *
-                          static_cast<std::int64_t>(sizeof(float)));
-  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9 * static_cast<double>(state.iterations()),
-                                                 benchmark::Counter::kIsRate);
+double causal_pairs(std::size_t l) { return double(l) * double(l + 1) / 2.0; }
+
+void set_gflops(benchmark::State& state, double flops) {
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 
-// Multiply-adds of causal prefix products over L tokens: L (L + 1) / 2 pairs.
-double causal_pairs(std::int64_t l) { return static_cast<double>(l) * static_cast<double>(l + 1) / 2.0; }
+// Llama-3-8B attention shape.
+constexpr std::size_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
+constexpr std::size_t kPrefill = 1024, kCache = 4096;
 
-void softmax_causal(benchmark::State& state, std::int64_t l) {
-  const rope::Table<float> table(rope::frequencies(kHeadDim, 10000.0), static_cast<std::size_t>(l));
-  const Matrix<float> q = inputs(l, kHeadDim, 1), k = inputs(l, kHeadDim, 2), v = inputs(l, kValueDim, 3);
-  const rope::attention::Rotation<float> rope{&table, rope::Style::rotate_half};
-  rope::attention::SoftmaxOptions o;
+void prefill_softmax(benchmark::State& state, std::size_t threads) {
+  const std::size_t l = kPrefill;
+  const rope::Table<float> table(rope::frequencies(kHeadDim, 500000.0), l);
+  auto q = random_tensor(l * kQHeads * kHeadDim, 1), k = random_tensor(l * kKvHeads * kHeadDim, 2),
+       v = random_tensor(l * kKvHeads * kHeadDim, 3);
+  std::vector<float> out(q.size());
+  ra::SoftmaxOptions o;
   o.causal = true;
+  o.threads = threads;
+  const ra::Rotation<float> rotation{&table, rope::Style::rotate_half};
   for (auto _ : state) {
-    Matrix<float> out = rope::attention::softmax(q, k, v, rope, o);
+    ra::softmax<float>(rope::View<const float>::token_major(q.data(), l, kQHeads, kHeadDim),
+                       rope::View<const float>::token_major(k.data(), l, kKvHeads, kHeadDim),
+                       rope::View<const float>::token_major(v.data(), l, kKvHeads, kHeadDim),
+                       rope::View<float>::token_major(out.data(), l, kQHeads, kHeadDim), rotation, o);
     benchmark::DoNotOptimize(out.data());
   }
-  set_counters(state, l, 2.0 * causal_pairs(l) * (kHeadDim + kValueDim));
+  set_gflops(state, 2.0 * causal_pairs(l) * 2.0 * kHeadDim * kQHeads);
 }
 
-void qk_gemm(benchmark::State& state, std::int64_t l) {
-  const Matrix<float> q = inputs(l, kHeadDim, 1), k = inputs(l, kHeadDim, 2);
-  Matrix<float> scores(static_cast<Eigen::Index>(l), static_cast<Eigen::Index>(l));
+void prefill_gemm(benchmark::State& state) {
+  const std::size_t l = kPrefill, group = kQHeads / kKvHeads;
+  const auto rows = static_cast<Eigen::Index>(group * l), half = static_cast<Eigen::Index>(l / 2),
+             d = static_cast<Eigen::Index>(kHeadDim);
+  const ra::Matrix<float> q = ra::Matrix<float>::Random(rows, d), k = ra::Matrix<float>::Random(half, d),
+                          v = ra::Matrix<float>::Random(half, d);
+  ra::Matrix<float> s(rows, half), out(rows, d);
   for (auto _ : state) {
-    scores.noalias() = q * k.transpose();
-    benchmark::DoNotOptimize(scores.data());
+    for (std::size_t g = 0; g < kKvHeads; ++g) {
+      s.noalias() = q * k.transpose();
+      out.noalias() = s * v;
+      benchmark::DoNotOptimize(out.data());
+    }
   }
-  set_counters(state, l, 2.0 * static_cast<double>(l) * static_cast<double>(l) * kHeadDim);
+  set_gflops(state, 2.0 * 2.0 * double(rows) * double(half) * double(d) * kKvHeads);
 }
 
-// Features of Q and K (2 L m d), then per token the carried state read and
-// updated (2 x L m dv, plus L m for z) and the within-chunk products
-// (L chunk (m + dv) on average); eq. 19 adds the unrotated denominator
-// product within chunks (L chunk m / 2) and rotates 2 L m features.
-double linear_flops(std::int64_t l, bool eq19) {
-  const double L = static_cast<double>(l), m = kFeatures, d = kHeadDim, dv = kValueDim;
-  const double chunk = static_cast<double>(rope::attention::LinearOptions{}.chunk);
-  double f = 2.0 * 2.0 * L * m * d + 2.0 * (2.0 * L * m * dv + L * m) + 2.0 * L * chunk / 2.0 * (m + dv);
-  if (eq19) f += 2.0 * L * chunk / 2.0 * m + 2.0 * 3.0 * L * m;
-  return f;
+struct DecodeCase {
+  rope::Table<float> table{rope::frequencies(kHeadDim, 500000.0), kCache};
+  std::vector<float> q = random_tensor(kQHeads * kHeadDim, 4), k_new = random_tensor(kKvHeads * kHeadDim, 5),
+                     v_new = random_tensor(kKvHeads * kHeadDim, 6),
+                     k_cache = random_tensor(kCache * kKvHeads * kHeadDim, 7),
+                     v_cache = random_tensor(kCache * kKvHeads * kHeadDim, 8), out = std::vector<float>(q.size());
+};
+
+void set_cache_bytes(benchmark::State& state) {
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(2 * kCache * kKvHeads * kHeadDim * sizeof(float)));
 }
 
-void linear_causal(benchmark::State& state, std::int64_t l, bool eq19) {
-  const rope::Table<float> table(rope::frequencies(kHeadDim, 10000.0), static_cast<std::size_t>(l));
-  const rope::Table<float> feature_table(rope::frequencies(kFeatures, 10000.0), static_cast<std::size_t>(l));
-  const Matrix<float> q = inputs(l, kHeadDim, 1), k = inputs(l, kHeadDim, 2), v = inputs(l, kValueDim, 3);
-  rope::attention::FavorOptions fo;
+void decode_softmax(benchmark::State& state) {
+  DecodeCase c;
+  ra::SoftmaxOptions o;
+  o.causal = true;
+  o.keys_rotated = true;
+  o.q_offset = kCache - 1;
+  const ra::Rotation<float> rotation{&c.table, rope::Style::rotate_half};
+  for (auto _ : state) {
+    ra::softmax<float>(rope::View<const float>::token_major(c.q.data(), 1, kQHeads, kHeadDim),
+                       rope::View<const float>::token_major(c.k_cache.data(), kCache, kKvHeads, kHeadDim),
+                       rope::View<const float>::token_major(c.v_cache.data(), kCache, kKvHeads, kHeadDim),
+                       rope::View<float>::token_major(c.out.data(), 1, kQHeads, kHeadDim), rotation, o);
+    benchmark::DoNotOptimize(c.out.data());
+  }
+  set_cache_bytes(state);
+}
+
+void decode_softmax_step(benchmark::State& state) {
+  DecodeCase c;
+  ra::SoftmaxOptions o;
+  o.causal = true;
+  const ra::Rotation<float> rotation{&c.table, rope::Style::rotate_half};
+  for (auto _ : state) {
+    ra::KvCache<float> cache{rope::View<float>::token_major(c.k_cache.data(), kCache, kKvHeads, kHeadDim),
+                             rope::View<float>::token_major(c.v_cache.data(), kCache, kKvHeads, kHeadDim),
+                             kCache - 1};
+    ra::softmax_step<float>(rope::View<const float>::token_major(c.q.data(), 1, kQHeads, kHeadDim),
+                            rope::View<const float>::token_major(c.k_new.data(), 1, kKvHeads, kHeadDim),
+                            rope::View<const float>::token_major(c.v_new.data(), 1, kKvHeads, kHeadDim), cache,
+                            rope::View<float>::token_major(c.out.data(), 1, kQHeads, kHeadDim), rotation, o);
+    benchmark::DoNotOptimize(c.out.data());
+  }
+  set_cache_bytes(state);
+}
+
+void decode_memcpy(benchmark::State& state) {
+  DecodeCase c;
+  std::vector<float> k_copy(c.k_cache.size()), v_copy(c.v_cache.size());
+  for (auto _ : state) {
+    std::memcpy(k_copy.data(), c.k_cache.data(), c.k_cache.size() * sizeof(float));
+    std::memcpy(v_copy.data(), c.v_cache.data(), c.v_cache.size() * sizeof(float));
+    benchmark::DoNotOptimize(k_copy.data());
+    benchmark::DoNotOptimize(v_copy.data());
+  }
+  set_cache_bytes(state);
+}
+
+// The length sweep: 8 heads of d = 64 (dv = 64), FAVOR+ with m = 256.
+constexpr std::size_t kSweepHeads = 8, kSweepDim = 64, kFeatures = 256;
+constexpr std::size_t kLengths[] = {1024, 2048, 4096, 8192};
+
+enum class Sweep { softmax, linear_eq19, linear };
+
+// Multiply-adds of linear attention per token and head: features of q and k
+// (2 m d), reading and updating the carried sums (2 m dv + m), and the
+// within-chunk products (chunk/2 (m + dv) on average, eq. 19 adds the
+// unrotated denominator's chunk/2 m).
+double linear_flops(std::size_t l, bool eq19) {
+  const double m = kFeatures, d = kSweepDim, dv = kSweepDim;
+  const double chunk = static_cast<double>(ra::LinearOptions{}.chunk);
+  double per_token = 2.0 * m * d + 2.0 * m * dv + m + chunk / 2.0 * (m + dv);
+  if (eq19) per_token += chunk / 2.0 * m;
+  return 2.0 * per_token * double(l) * kSweepHeads;
+}
+
+void sweep(benchmark::State& state, Sweep kind, std::size_t l) {
+  const std::size_t h = kSweepHeads, d = kSweepDim;
+  const rope::Table<float> table(rope::frequencies(d, 10000.0), l);
+  const rope::Table<float> feature_table(rope::frequencies(kFeatures, 10000.0), l);
+  auto q = random_tensor(l * h * d, 11), k = random_tensor(l * h * d, 12), v = random_tensor(l * h * d, 13);
+  std::vector<float> out(q.size());
+  const auto qv = rope::View<const float>::token_major(q.data(), l, h, d);
+  const auto kv = rope::View<const float>::token_major(k.data(), l, h, d);
+  const auto vv = rope::View<const float>::token_major(v.data(), l, h, d);
+  const auto ov = rope::View<float>::token_major(out.data(), l, h, d);
+  ra::FavorOptions fo;
   fo.features = kFeatures;
-  const rope::attention::FavorFeatures phi(kHeadDim, fo);
-  rope::attention::LinearOptions o;
-  o.causal = true;
+  const ra::FavorFeatures phi(d, fo);
+  ra::SoftmaxOptions so;
+  so.causal = true;
+  ra::LinearOptions lo;
+  lo.causal = true;
   for (auto _ : state) {
-    Matrix<float> out =
-        eq19 ? rope::attention::linear_eq19(q, k, v, phi, {&feature_table, rope::Style::rotate_half}, o)
-             : rope::attention::linear(q, k, v, phi, o, {&table, rope::Style::rotate_half});
+    switch (kind) {
+      case Sweep::softmax:
+        ra::softmax<float>(qv, kv, vv, ov, {&table, rope::Style::rotate_half}, so);
+        break;
+      case Sweep::linear_eq19:
+        ra::linear_eq19<float>(qv, kv, vv, ov, phi, {&feature_table, rope::Style::rotate_half}, lo);
+        break;
+      case Sweep::linear:
+        ra::linear<float>(qv, kv, vv, ov, phi, lo, {&table, rope::Style::rotate_half});
+        break;
+    }
     benchmark::DoNotOptimize(out.data());
   }
-  set_counters(state, l, linear_flops(l, eq19));
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * l));
+  set_gflops(state, kind == Sweep::softmax ? 2.0 * causal_pairs(l) * 2.0 * d * h
+                                           : linear_flops(l, kind == Sweep::linear_eq19));
 }
 
 const bool kRegistered = [] {
-  for (const std::int64_t l : kLengths) {
+  for (const std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
+    benchmark::RegisterBenchmark(("attention/prefill/softmax/T" + std::to_string(threads)).c_str(), prefill_softmax,
+                                 threads)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+  }
+  benchmark::RegisterBenchmark("attention/prefill/gemm_same_flops", prefill_gemm)->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("attention/decode/softmax", decode_softmax)->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("attention/decode/softmax_step", decode_softmax_step)->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("attention/decode/memcpy_kv", decode_memcpy)->Unit(benchmark::kMicrosecond);
+  for (const std::size_t l : kLengths) {
     const std::string suffix = "/L" + std::to_string(l);
-    benchmark::RegisterBenchmark(("attention/softmax_causal" + suffix).c_str(), softmax_causal, l)
+    benchmark::RegisterBenchmark(("attention/scaling/softmax" + suffix).c_str(), sweep, Sweep::softmax, l)
         ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark(("attention/linear" + suffix).c_str(), linear_causal, l, false)
+    benchmark::RegisterBenchmark(("attention/scaling/linear_eq19" + suffix).c_str(), sweep, Sweep::linear_eq19, l)
         ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark(("attention/linear_eq19" + suffix).c_str(), linear_causal, l, true)
-        ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark(("attention/qk_gemm" + suffix).c_str(), qk_gemm, l)
+    benchmark::RegisterBenchmark(("attention/scaling/linear" + suffix).c_str(), sweep, Sweep::linear, l)
         ->Unit(benchmark::kMillisecond);
   }
   return true;

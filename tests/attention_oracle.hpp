@@ -78,17 +78,18 @@ inline LD dot(const std::vector<LD>& a, const std::vector<LD>& b) {
 }
 
 // Naive softmax attention with the scores of E5: q_i . R_(pk_j - pq_i) k_j * scale
-// (freqs empty: no rotation); causal masks pk_j > pq_i. A query with no
-// visible key gives a zero row.
-inline Mat naive_softmax(const Mat& q, const Mat& k, const Mat& v, const std::vector<double>& inv_freq,
+// (freqs empty: no rotation) over the keys visible(i, j) says. A query with
+// no visible key gives a zero row.
+template <class Visible>
+Mat naive_softmax_masked(const Mat& q, const Mat& k, const Mat& v, const std::vector<double>& inv_freq,
                          rope::Style style, const std::vector<std::int64_t>& pq, const std::vector<std::int64_t>& pk,
-                         LD scale, bool causal) {
+                         LD scale, Visible visible) {
   Mat out(q.size(), std::vector<LD>(v[0].size(), 0));
   for (std::size_t i = 0; i < q.size(); ++i) {
     std::vector<LD> s(k.size(), -std::numeric_limits<LD>::infinity());
     LD top = -std::numeric_limits<LD>::infinity();
     for (std::size_t j = 0; j < k.size(); ++j) {
-      if (causal && pk[j] > pq[i]) continue;
+      if (!visible(i, j)) continue;
       const auto kr = inv_freq.empty() ? k[j] : rotate(k[j], inv_freq, style, LD(pk[j] - pq[i]));
       s[j] = dot(q[i], kr) * scale;
       top = std::max(top, s[j]);
@@ -96,6 +97,7 @@ inline Mat naive_softmax(const Mat& q, const Mat& k, const Mat& v, const std::ve
     if (top == -std::numeric_limits<LD>::infinity()) continue;
     LD sum = 0;
     for (std::size_t j = 0; j < k.size(); ++j) {
+      if (!visible(i, j)) continue;
       const LD w = std::exp(s[j] - top);
       sum += w;
       for (std::size_t c = 0; c < v[j].size(); ++c) out[i][c] += w * v[j][c];
@@ -103,6 +105,14 @@ inline Mat naive_softmax(const Mat& q, const Mat& k, const Mat& v, const std::ve
     for (auto& x : out[i]) x /= sum;
   }
   return out;
+}
+
+// The same with the causal mask alone: key j visible iff pk_j <= pq_i.
+inline Mat naive_softmax(const Mat& q, const Mat& k, const Mat& v, const std::vector<double>& inv_freq,
+                         rope::Style style, const std::vector<std::int64_t>& pq, const std::vector<std::int64_t>& pk,
+                         LD scale, bool causal) {
+  return naive_softmax_masked(q, k, v, inv_freq, style, pq, pk, scale,
+                              [&](std::size_t i, std::size_t j) { return !causal || pk[j] <= pq[i]; });
 }
 
 inline LD guard(LD r, LD delta) { return std::fabs(r) <= delta ? r + 2 * delta : r; }

@@ -38,6 +38,7 @@
 
 #include <Eigen/Core>
 
+#include "../detail/prefetch.hpp"
 #include "../view.hpp"
 #include "common.hpp"
 
@@ -264,6 +265,7 @@ class SoftmaxTile {
     const ConstRowsMap<T> values(v_.data + g_ * v_.head_stride + j0 * v_stride, bn,
                                  static_cast<Eigen::Index>(v_.head_dim),
                                  Eigen::OuterStride<>(static_cast<Eigen::Index>(v_stride)));
+    prefetch_next(j0 + n, n, d);
     ws_.scores.resize(rows, bn);
     auto& s = ws_.scores;
     s.noalias() = ws_.q * keys.transpose();
@@ -317,6 +319,19 @@ class SoftmaxTile {
         }
       }
     }
+  }
+
+  // The next tile's K (when read in place) and V rows: one head of a KV
+  // cache is rows a whole token apart, which the hardware prefetchers do
+  // not follow across pages. They arrive while this tile computes.
+  void prefetch_next(std::size_t j0, std::size_t n, Eigen::Index d) const noexcept {
+    if (j0 >= k_.tokens) return;
+    n = std::min(n, k_.tokens - j0);
+    if (keys_data_ != ws_.keys.data()) {
+      rope::detail::prefetch_rows(keys_data_ + static_cast<Eigen::Index>(j0) * keys_stride_, n,
+                                  static_cast<std::size_t>(keys_stride_) * sizeof(T), static_cast<std::size_t>(d) * sizeof(T));
+    }
+    rope::detail::prefetch_rows(v_.row(j0, g_), n, v_.token_stride * sizeof(T), v_.head_dim * sizeof(T));
   }
 
   void write_out(Eigen::Index rows) {

@@ -26,6 +26,7 @@
 #include "../style.hpp"
 #include "../table.hpp"
 #include "../view.hpp"
+#include "prefetch.hpp"
 #include "stream.hpp"
 
 namespace rope::detail {
@@ -74,18 +75,9 @@ inline void rotate_token_heads(const T* in, std::ptrdiff_t in_stride, T* out, st
   }
 }
 
-// Asks for the next token's rows while this token is rotated, so that their
-// loads are already in flight: the row kernel alone keeps too few misses
-// outstanding to reach memory bandwidth.
-inline void prefetch(const void* p, std::size_t bytes) noexcept {
-#if defined(__GNUC__)
-  const auto* c = static_cast<const char*>(p);
-  for (std::size_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i, 0, 3);
-#else
-  (void)p;
-  (void)bytes;
-#endif
-}
+// The next token's rows are prefetched while this token is rotated, so that
+// their loads are already in flight: the row kernel alone keeps too few
+// misses outstanding to reach memory bandwidth.
 
 // Tokens begin .. end-1 of every pass. With stream set, an out-of-place
 // pass is rotated into the staging buffer and streamed to its output: a
