@@ -207,18 +207,25 @@ const bool kRegistered = [] {
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
   }
-  benchmark::RegisterBenchmark("attention/prefill/gemm_same_flops", prefill_gemm)->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("attention/decode/softmax", decode_softmax)->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("attention/decode/softmax_step", decode_softmax_step)->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("attention/decode/memcpy_kv", decode_memcpy)->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("attention/prefill/gemm_same_flops", prefill_gemm)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("attention/decode/softmax", decode_softmax)->Unit(benchmark::kMicrosecond)->UseRealTime();
+  benchmark::RegisterBenchmark("attention/decode/softmax_step", decode_softmax_step)
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("attention/decode/memcpy_kv", decode_memcpy)->Unit(benchmark::kMicrosecond)->UseRealTime();
   for (const std::size_t l : kLengths) {
     const std::string suffix = "/L" + std::to_string(l);
     benchmark::RegisterBenchmark(("attention/scaling/softmax" + suffix).c_str(), sweep, Sweep::softmax, l)
-        ->Unit(benchmark::kMillisecond);
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
     benchmark::RegisterBenchmark(("attention/scaling/linear_eq19" + suffix).c_str(), sweep, Sweep::linear_eq19, l)
-        ->Unit(benchmark::kMillisecond);
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
     benchmark::RegisterBenchmark(("attention/scaling/linear" + suffix).c_str(), sweep, Sweep::linear, l)
-        ->Unit(benchmark::kMillisecond);
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
   }
   return true;
 }();

@@ -135,6 +135,10 @@ def at_least(x):
     return (">= {:g}x".format(x), lambda v: v >= x)
 
 
+def at_most(x):
+    return ("<= {:g}x".format(x), lambda v: v <= x)
+
+
 def within(fraction):
     return ("within {:.0%}".format(fraction), lambda v: abs(v - 1.0) <= fraction)
 
@@ -288,10 +292,11 @@ def table_rows(rep):
                       target=target)
 
 
-ATTENTION = re.compile(r"^attention/([^/]+)/L(\d+)$")
+ATTENTION = re.compile(r"^attention/scaling/([^/]+)/L(\d+)$")
 
 
 def attention_series(cases):
+    """The length sweep (multi-head, softmax vs linear): {variant: [(L, case)]}."""
     series = {}
     for name, case in cases.items():
         m = ATTENTION.match(name)
@@ -302,23 +307,50 @@ def attention_series(cases):
     return series
 
 
+def wall(case):
+    return case.get("real_time") or case.get("cpu_time")
+
+
 def attention_rows(rep, series):
+    """The inference targets of the attention cases, then the length sweep."""
+    prefill = "32/8 heads, d 128, L 1024"
+    t1, t2 = rep.get("attention/prefill/softmax/T1"), rep.get("attention/prefill/softmax/T2")
+    gemm = rep.get("attention/prefill/gemm_same_flops")
+    if t1 and gemm and t1.get("GFLOP/s") and gemm.get("GFLOP/s"):
+        rep.add("attention", "causal softmax prefill GFLOP/s, 1 thread", prefill, t1["GFLOP/s"], fmt="{:.1f}")
+        rep.add("attention", "bare Eigen GEMM GFLOP/s, same flops", prefill, gemm["GFLOP/s"], fmt="{:.1f}")
+        rep.add("attention", "softmax prefill / Eigen GEMM, 1 thread", prefill,
+                t1["GFLOP/s"] / gemm["GFLOP/s"], target=at_least(0.8))
+    if t1 and t2:
+        rep.add("attention", "softmax prefill, 2 threads / 1 thread", prefill, wall(t1) / wall(t2),
+                target=at_least(1.7))
+    memcpy = rep.get("attention/decode/memcpy_kv")
+    cache = "1 token, 32/8 heads, d 128, cache 4096"
+    for variant, target in (("softmax", at_most(1.5)), ("softmax_step", None)):
+        case = rep.get("attention/decode/" + variant)
+        if case and memcpy:
+            rep.add("attention", "decode {} time / memcpy of the K and V cache".format(variant), cache,
+                    wall(case) / wall(memcpy), target=target)
+            rep.add("attention", "decode {}: us per step".format(variant), cache, wall(case) / 1e3,
+                    fmt="{:.0f} us")
     for variant, points in sorted(series.items()):
         for length, case in points:
-            time = case.get("real_time") or case.get("cpu_time")
-            rep.add("attention", "{}: ms".format(variant), "L{}".format(length),
-                    time / 1e6 if time else None, fmt="{:.3f} ms")
-            if case.get("GFLOP/s"):
-                rep.add("attention", "{}: GFLOP/s".format(variant), "L{}".format(length),
-                        case["GFLOP/s"], fmt="{:.1f}")
+            rep.add("attention", "{}: ms".format(variant), "L{}".format(length), wall(case) / 1e6, fmt="{:.2f} ms")
         if len(points) >= 2:
             (l0, c0), (l1, c1) = points[0], points[-1]
-            t0 = c0.get("real_time") or c0.get("cpu_time")
-            t1 = c1.get("real_time") or c1.get("cpu_time")
-            if t0 and t1 and l1 > l0:
-                rep.add("attention", "{}: time ~ L^k, k".format(variant),
-                        "L{}..L{}".format(l0, l1), math.log(t1 / t0) / math.log(l1 / l0),
-                        fmt="{:.2f}")
+            if l1 > l0:
+                rep.add("attention", "{}: time ~ L^k, k".format(variant), "L{}..L{}".format(l0, l1),
+                        math.log(wall(c1) / wall(c0)) / math.log(l1 / l0), fmt="{:.2f}")
+                rep.add("attention", "{}: t(L{}) / t(L{})".format(variant, l1, l0), "8 heads, d 64, m 256",
+                        wall(c1) / wall(c0), target=at_most(9.0) if variant == "linear_eq19" else None)
+    soft = dict(series.get("softmax", []))
+    for variant in ("linear_eq19", "linear"):
+        lin = dict(series.get(variant, []))
+        for length in sorted(set(soft) & set(lin)):
+            if length == max(soft):
+                rep.add("attention", "causal softmax time / {} time".format(variant), "L{}, 8 heads".format(length),
+                        wall(soft[length]) / wall(lin[length]),
+                        target=at_least(3.0) if variant == "linear_eq19" else None)
 
 
 def plot_attention(series, path):
@@ -332,14 +364,14 @@ def plot_attention(series, path):
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for variant, points in sorted(series.items()):
         xs = [length for length, _ in points]
-        ys = [(c.get("real_time") or c.get("cpu_time")) / 1e6 for _, c in points]
+        ys = [wall(c) / 1e6 for _, c in points]
         ax.plot(xs, ys, marker="o", label=variant)
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_yscale("log")
     ax.set_xlabel("sequence length L (tokens)")
     ax.set_ylabel("time per call (ms)")
-    ax.set_title("rope attention: time against length")
+    ax.set_title("rope causal attention, 8 heads of d = 64: time against length")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -80,7 +80,7 @@ inline void check_positions(const char* fn, const Positions& p, std::size_t toke
   if (p.by_id() && p.ids() == nullptr) fail(fn, "positions", "non-null", nullptr);
   if (tokens == 0) return;
   if (!p.by_id()) {
-    if (p.offset() < 0) fail<std::out_of_range>(fn, "offset", ">= 0", p.offset());
+    if (p.offset() < 0) fail<std::out_of_range>(fn, "offset (the position of token 0)", ">= 0", p.offset());
     const auto last = static_cast<std::uint64_t>(p.offset()) + (tokens - 1);
     if (last >= table_positions) {
       fail<std::out_of_range>(fn, "offset + " + to_text(tokens - 1) + " (the position of token " +

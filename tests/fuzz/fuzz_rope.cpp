@@ -6,8 +6,9 @@
 //
 // Input layout: byte 0 picks the operation (frequencies, frequencies with a
 // scaling variant, the row kernel on float/double, apply/apply_qk on
-// float/double); the rest are read in order by Bytes (missing bytes read as
-// zero, so every input decodes to something).
+// float/double, and with rope::attention built, softmax and linear
+// attention: fuzz_attention.cpp); the rest are read in order by Bytes
+// (missing bytes read as zero, so every input decodes to something).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -27,70 +28,11 @@
 #include <rope/style.hpp>
 #include <rope/table.hpp>
 
+#include "fuzz_support.hpp"
+
 namespace {
 
-[[noreturn]] void fail(const char* what, const std::string& detail) {
-  std::fprintf(stderr, "rope_fuzz: check failed: %s (%s)\n", what, detail.c_str());
-  std::abort();
-}
-#define ROPE_FUZZ_CHECK(cond, detail) \
-  do {                                \
-    if (!(cond)) fail(#cond, detail); \
-  } while (0)
-
-class Bytes {
- public:
-  Bytes(const std::uint8_t* data, std::size_t size) : data_(data), size_(size) {}
-
-  std::uint8_t u8() { return pos_ < size_ ? data_[pos_++] : 0; }
-  std::uint16_t u16() { return static_cast<std::uint16_t>(u8() | (u8() << 8)); }
-  std::uint32_t u32() { return static_cast<std::uint32_t>(u16()) | (static_cast<std::uint32_t>(u16()) << 16); }
-  std::uint64_t u64() { return static_cast<std::uint64_t>(u32()) | (static_cast<std::uint64_t>(u32()) << 32); }
-  bool flag() { return (u8() & 1) != 0; }
-
-  // Any double, NaN and infinities included (raw bits), or a plausible one.
-  double any_double() {
-    if (flag()) {
-      const std::uint64_t bits = u64();
-      double d;
-      std::memcpy(&d, &bits, sizeof d);
-      return d;
-    }
-    return static_cast<double>(static_cast<std::int32_t>(u32())) / 1024.0;
-  }
-
-  // A base for frequencies: mostly valid (1 < base < 2^32), sometimes anything.
-  double base() {
-    if ((u8() & 7) == 0) return any_double();
-    return 1.0 + 1.0 / 64.0 + static_cast<double>(u32()) / 8.0;
-  }
-
-  // An element of x: non-finite, zero, subnormal or a bounded finite value.
-  // The bound (2^64) keeps every product with a |cos|, |sin| <= 1 table entry
-  // far from float overflow, so the double reference and a float kernel agree
-  // on which outputs are infinite.
-  template <class T>
-  T element() {
-    const std::uint8_t kind = u8();
-    switch (kind % 16) {
-      case 0: return std::numeric_limits<T>::quiet_NaN();
-      case 1: return std::numeric_limits<T>::infinity();
-      case 2: return -std::numeric_limits<T>::infinity();
-      case 3: return T(0);
-      case 4: return -T(0);
-      case 5: return std::numeric_limits<T>::denorm_min() * static_cast<T>(u8());
-      default: {
-        const auto mantissa = static_cast<double>(static_cast<std::int16_t>(u16())) / 32768.0;
-        return static_cast<T>(std::ldexp(mantissa, static_cast<int>(u8() % 128) - 63));
-      }
-    }
-  }
-
- private:
-  const std::uint8_t* data_;
-  std::size_t size_;
-  std::size_t pos_ = 0;
-};
+using rope_fuzz::Bytes;
 
 // frequencies(rotary_dim, base): std::invalid_argument exactly when
 // rotary_dim is zero or odd, or base is not finite and > 1; otherwise
@@ -631,13 +573,15 @@ void fuzz_apply(Bytes& in) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Bytes in(data, size);
-  switch (in.u8() % 6) {
+  switch (in.u8() % 8) {
     case 0: fuzz_frequencies(in); break;
     case 1: fuzz_scaling(in); break;
     case 2: fuzz_kernel<float>(in); break;
     case 3: fuzz_kernel<double>(in); break;
     case 4: fuzz_apply<float>(in); break;
     case 5: fuzz_apply<double>(in); break;
+    case 6: rope_fuzz::fuzz_softmax(in); break;
+    case 7: rope_fuzz::fuzz_linear(in); break;
   }
   return 0;
 }

@@ -182,6 +182,18 @@ inline void check_size(const char* fn, const char* name, const std::vector<std::
   }
 }
 
+// Sequence ids come for both sides or for neither (a side without rows
+// needs none).
+inline void check_sequences(const char* fn, const std::vector<std::int64_t>& q_sequence, std::size_t lq,
+                            const std::vector<std::int64_t>& k_sequence, std::size_t lk) {
+  if (q_sequence.empty() && lq > 0 && !k_sequence.empty()) {
+    fail(fn, "options.q_sequence.size()", "q's rows " + to_text(lq) + " when options.k_sequence is given", 0);
+  }
+  if (k_sequence.empty() && lk > 0 && !q_sequence.empty()) {
+    fail(fn, "options.k_sequence.size()", "k's rows " + to_text(lk) + " when options.q_sequence is given", 0);
+  }
+}
+
 // The rotary width a Rotation asks for, checked against the table and the
 // rows it rotates.
 template <class T>

@@ -319,7 +319,8 @@ class LinearHead {
  public:
   LinearHead(const View<const T>& q, const View<const T>& k, const View<const T>& v, const View<T>& out,
              const LinearOptions& o, const LinearPlan<T>& plan, const TokenOrder& order, LinearWorkspace<T>& ws)
-      : q_(q), k_(k), v_(v), out_(out), o_(o), plan_(plan), order_(order), ws_(ws) {}
+      : q_(q), k_(k), v_(v), out_(out), o_(o), plan_(plan), order_(order), ws_(ws),
+        chunk_(std::min(o.chunk, std::max<std::size_t>({q.tokens, k.tokens, 1}))) {}
 
   // Causal: query tokens of every segment against the prefix of its keys,
   // starting from (and leaving the sums in) state.
@@ -388,8 +389,8 @@ class LinearHead {
 
   // Keys [a, b) into the state, a chunk at a time.
   void absorb(LinearState<T>& state, std::size_t a, std::size_t b) {
-    for (std::size_t j0 = a; j0 < b; j0 += o_.chunk) {
-      const std::size_t j1 = std::min(b, j0 + o_.chunk);
+    for (std::size_t j0 = a; j0 < b; j0 += chunk_) {
+      const std::size_t j1 = std::min(b, j0 + chunk_);
       gather_keys(j0, j1);
       state.push_rows(ws_.k_num, key_den(), ws_.values, ws_.log_scale.size() ? &ws_.log_scale : nullptr,
                       order_.k_pos[j1 - 1]);
@@ -405,8 +406,8 @@ class LinearHead {
 
   void causal_segment(LinearState<T>& state, std::size_t qa, std::size_t qb, std::size_t ka, std::size_t kb) {
     std::size_t consumed = ka;
-    for (std::size_t a = qa; a < qb; a += o_.chunk) {
-      const std::size_t b = std::min(qb, a + o_.chunk), tokens = b - a;
+    for (std::size_t a = qa; a < qb; a += chunk_) {
+      const std::size_t b = std::min(qb, a + chunk_), tokens = b - a;
       // Keys every query of the chunk sees go into the state first; the
       // keys between the chunk's first and last positions are its diagonal.
       const std::size_t lo = std::max(consumed, first_after(consumed, kb, order_.q_pos[a]));
@@ -420,8 +421,8 @@ class LinearHead {
       const bool any_before = !state.empty();
       ws_.offsets.assign(tokens, state.empty() ? -std::numeric_limits<T>::infinity() : state.log_offset());
       std::vector<unsigned char> seen(tokens, any_before ? 1 : 0);
-      for (std::size_t j0 = lo; j0 < hi; j0 += o_.chunk) {
-        const std::size_t j1 = std::min(hi, j0 + o_.chunk);
+      for (std::size_t j0 = lo; j0 < hi; j0 += chunk_) {
+        const std::size_t j1 = std::min(hi, j0 + chunk_);
         gather_keys(j0, j1);
         diagonal(a, tokens, j0, j1, seen);
         state.push_rows(ws_.k_num, key_den(), ws_.values, ws_.log_scale.size() ? &ws_.log_scale : nullptr,
@@ -522,6 +523,8 @@ class LinearHead {
   const LinearPlan<T>& plan_;
   const TokenOrder& order_;
   LinearWorkspace<T>& ws_;
+  // Tokens per chunk; a chunk option larger than the call is one chunk.
+  std::size_t chunk_;
   std::size_t g_ = 0;
 };
 
@@ -533,10 +536,7 @@ inline void check_linear_options(const char* fn, const LinearOptions& o, std::si
   check_size(fn, "options.k_positions", o.k_positions, lk);
   check_size(fn, "options.q_sequence", o.q_sequence, lq);
   check_size(fn, "options.k_sequence", o.k_sequence, lk);
-  if (o.q_sequence.empty() != o.k_sequence.empty()) {
-    fail(fn, "options.k_sequence.size()", "given together with options.q_sequence (" + to_text(o.q_sequence.size()) + " ids)",
-         o.k_sequence.size());
-  }
+  check_sequences(fn, o.q_sequence, lq, o.k_sequence, lk);
   if (o.q_positions.empty() && o.q_offset > std::numeric_limits<std::int64_t>::max() - static_cast<std::int64_t>(lq)) {
     fail(fn, "options.q_offset", "small enough for every position to fit in int64", o.q_offset);
   }
@@ -651,10 +651,11 @@ void linear_heads(const char* fn, const View<const T>& q, const View<const T>& k
     std::size_t g, segment, a, b;
   };
   std::vector<Block> blocks;
+  const std::size_t chunk = std::min(o.chunk, std::max<std::size_t>(q.tokens, 1));
   for (std::size_t g = 0; g < k.heads; ++g) {
     for (std::size_t s = 0; s < segments; ++s) {
-      for (std::size_t a = order.q_segment[s]; a < order.q_segment[s + 1]; a += o.chunk) {
-        blocks.push_back({g, s, a, std::min(order.q_segment[s + 1], a + o.chunk)});
+      for (std::size_t a = order.q_segment[s]; a < order.q_segment[s + 1]; a += chunk) {
+        blocks.push_back({g, s, a, std::min(order.q_segment[s + 1], a + chunk)});
       }
     }
   }

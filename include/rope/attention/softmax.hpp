@@ -83,11 +83,7 @@ SoftmaxPlan<T> check_softmax(const char* fn, std::size_t lq, std::size_t lk, std
   check_size(fn, "options.k_positions", o.k_positions, lk);
   check_size(fn, "options.q_sequence", o.q_sequence, lq);
   check_size(fn, "options.k_sequence", o.k_sequence, lk);
-  if (o.q_sequence.empty() != o.k_sequence.empty()) {
-    fail(fn, "options.k_sequence.size()", "given together with options.q_sequence (" +
-                                              to_text(o.q_sequence.size()) + " ids)",
-         o.k_sequence.size());
-  }
+  check_sequences(fn, o.q_sequence, lq, o.k_sequence, lk);
   SoftmaxPlan<T> plan;
   plan.rotary_dim = rotary_width(fn, "rotation", rotation, d);
   plan.scale = static_cast<T>(scale);
