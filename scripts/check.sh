@@ -4,15 +4,17 @@
 #   clang  clang++, the whole suite under ASan + UBSan, warnings as errors
 #   tsan   g++, the concurrency tests under ThreadSanitizer
 #   fuzz   clang++ libFuzzer target, run for ROPE_FUZZ_SECONDS (default 60)
+#   aarch64  the suite cross-compiled with g++-aarch64-linux-gnu, run under
+#            qemu-aarch64: the NEON kernels
 #
-#   scripts/check.sh            all four, in that order
-#   scripts/check.sh tsan fuzz  only those
+#   scripts/check.sh               all five, in that order
+#   scripts/check.sh tsan fuzz     only those
 # Build directories: build/<stage>. Each stage prints its wall time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(asan clang tsan fuzz)
+[ ${#stages[@]} -eq 0 ] && stages=(asan clang tsan fuzz aarch64)
 
 bash scripts/deps.sh cmake ninja-build g++ clang libclang-rt-14-dev pkg-config libxsimd-dev libeigen3-dev \
   libgtest-dev libbenchmark-dev
@@ -40,8 +42,15 @@ run_stage() {
       ./build/fuzz/tests/fuzz/rope_fuzz "$work" -max_total_time="$fuzz_seconds" -timeout=10 \
         -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=build/fuzz/
       ;;
+    aarch64)
+      # googletest is the source package: the cross build compiles it.
+      bash scripts/deps.sh g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user googletest
+      cmake --preset aarch64 >/dev/null
+      cmake --build --preset aarch64 -j "$jobs"
+      ctest --preset aarch64
+      ;;
     *)
-      echo "unknown stage '$stage' (asan, clang, tsan, fuzz)" >&2
+      echo "unknown stage '$stage' (asan, clang, tsan, fuzz, aarch64)" >&2
       exit 2
       ;;
   esac
