@@ -9,6 +9,10 @@
 #                           `pkg-config --cflags` of the installed .pc files
 # EXPECT_FAILURE=ON: the configure step must fail (a refused version, a
 # missing component); FAILURE_MATCH: text its output must contain.
+# XSIMD_INCLUDE_DIR: the xsimd headers rope was configured with
+# (ROPE_XSIMD_INCLUDE_DIR); the consumer builds against them too: through
+# rope's own switch when it embeds rope, through a stand-in for an installed
+# xsimd (a package config and a .pc file) when it finds rope installed.
 cmake_minimum_required(VERSION 3.16)
 
 function(run)
@@ -38,8 +42,23 @@ endif()
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 
+# An installed xsimd whose headers are XSIMD_INCLUDE_DIR, as find_package and
+# pkg-config see one: what rope's installed config and .pc file ask for.
+set(xsimd_stand_in "${WORK_DIR}/xsimd")
+if(XSIMD_INCLUDE_DIR)
+  file(WRITE "${xsimd_stand_in}/xsimdConfig.cmake"
+    "add_library(xsimd INTERFACE IMPORTED)\n"
+    "set_target_properties(xsimd PROPERTIES INTERFACE_INCLUDE_DIRECTORIES \"${XSIMD_INCLUDE_DIR}\")\n")
+  file(WRITE "${xsimd_stand_in}/xsimd.pc"
+    "Name: xsimd\nDescription: xsimd headers in ${XSIMD_INCLUDE_DIR}\nVersion: 0\n"
+    "Cflags: -I${XSIMD_INCLUDE_DIR}\n")
+endif()
+
 if(MODE STREQUAL "pkg_config")
   set(ENV{PKG_CONFIG_PATH} "${PREFIX}/share/pkgconfig")
+  if(XSIMD_INCLUDE_DIR)
+    set(ENV{PKG_CONFIG_PATH} "${xsimd_stand_in}:$ENV{PKG_CONFIG_PATH}")
+  endif()
   foreach(pair "rope;consumer" "rope-attention;consumer_attention")
     list(GET pair 0 package)
     list(GET pair 1 program)
@@ -60,9 +79,15 @@ endif()
 if(MODE STREQUAL "find_package")
   set(source "${ROPE_SOURCE_DIR}/examples/find_package")
   set(extra "-DCMAKE_PREFIX_PATH=${PREFIX}")
+  if(XSIMD_INCLUDE_DIR)
+    list(APPEND extra "-Dxsimd_DIR=${xsimd_stand_in}")
+  endif()
 elseif(MODE STREQUAL "add_subdirectory" OR MODE STREQUAL "fetch_content")
   set(source "${ROPE_SOURCE_DIR}/examples/${MODE}")
   set(extra "-DROPE_SOURCE_DIR=${ROPE_SOURCE_DIR}")
+  if(XSIMD_INCLUDE_DIR)
+    list(APPEND extra "-DROPE_XSIMD_INCLUDE_DIR=${XSIMD_INCLUDE_DIR}")
+  endif()
 else()
   message(FATAL_ERROR "unknown MODE '${MODE}'")
 endif()

@@ -16,6 +16,7 @@
 #include <rope/kernels.hpp>
 #include <rope/reference.hpp>
 
+#include "archs.hpp"
 #include "support.hpp"
 
 namespace {
@@ -53,10 +54,8 @@ bool bitwise_equal(const T* a, const T* b, std::size_t n) {
 
 TYPED_TEST(Kernels, MatchReferenceOnEveryRotaryDimAlignmentAndPlacement) {
   using T = TypeParam;
-  int archs = 0;
-  rope::detail::for_each_runnable_arch([&](auto arch) {
+  const auto archs = rope_test::for_each_arch<T>([&](auto arch) {
     using Arch = decltype(arch);
-    ++archs;
     for_each_style([&](auto style_tag) {
       constexpr Style S = decltype(style_tag)::value;
       for (Direction dir : kDirections) {
@@ -101,7 +100,7 @@ TYPED_TEST(Kernels, MatchReferenceOnEveryRotaryDimAlignmentAndPlacement) {
       }
     });
   });
-  EXPECT_GT(archs, 0) << "no architecture of this build runs on this CPU";
+  EXPECT_FALSE(archs.empty()) << "no architecture of this build runs on this CPU";
 }
 
 // Both pairings compute each pair from the same two products, so
@@ -112,7 +111,7 @@ TYPED_TEST(Kernels, MatchReferenceOnEveryRotaryDimAlignmentAndPlacement) {
 // stay within the reference tolerance, so twice it bounds their difference.
 TYPED_TEST(Kernels, PairingsAgreeUpToTheChannelPermutation) {
   using T = TypeParam;
-  rope::detail::for_each_runnable_arch([&](auto arch) {
+  rope_test::for_each_arch<T>([&](auto arch) {
     using Arch = decltype(arch);
     for (Direction dir : kDirections) {
       for (std::size_t r = 2; r <= kMaxRotaryDim; r += 2) {
@@ -148,7 +147,7 @@ TYPED_TEST(Kernels, PairingsAgreeUpToTheChannelPermutation) {
 // tail) and every architecture; the gaps between heads are never touched.
 TYPED_TEST(Kernels, RotateHeadsMatchesReferenceOnEveryHead) {
   using T = TypeParam;
-  rope::detail::for_each_runnable_arch([&](auto arch) {
+  rope_test::for_each_arch<T>([&](auto arch) {
     using Arch = decltype(arch);
     for_each_style([&](auto style_tag) {
       constexpr Style S = decltype(style_tag)::value;

@@ -20,6 +20,7 @@
 #include <rope/reference.hpp>
 #include <rope/table.hpp>
 
+#include "archs.hpp"
 #include "support.hpp"
 
 namespace {
@@ -73,7 +74,7 @@ TYPED_TEST(NonFinite, PropagateExactlyWhereTheReferencePutsThemAndNowhereElse) {
   for (std::size_t r = 2; r <= kMaxRotaryDim; r += 2) {
     tables[r] = std::make_unique<rope::Table<T>>(rope::frequencies(r, 10000.0), kPositions[kTokens - 1] + 1);
   }
-  rope::detail::for_each_runnable_arch([&](auto arch) {
+  rope_test::for_each_arch<T>([&](auto arch) {
     using Arch = decltype(arch);
     for_each_style([&](auto style_tag) {
       constexpr Style S = decltype(style_tag)::value;

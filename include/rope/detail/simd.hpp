@@ -10,7 +10,10 @@
 //   - the batch constructor from lane values (initializer_list in 8.1,
 //     variadic later);
 //   - available_architectures().best vs .has(A{}), and Arch::version(),
-//     which is gone in 13.
+//     which is gone in 13;
+//   - whether batch<T, A> exists at all: 32-bit neon has no double, which
+//     8.1 marks with a placeholder register of size 0 and later versions by
+//     declaring no register (has_batch below answers for both).
 // zip_lo/zip_hi are avoided on purpose: on AVX, xsimd 8.1 interleaves within
 // 128-bit lanes while later versions interleave whole halves. Lane
 // duplication is a swizzle with a constant mask instead, which means the same
@@ -98,12 +101,32 @@ bool cpu_supports() noexcept {
 #endif
 }
 
+// Whether xsimd::batch<T, Arch> exists, so that code per architecture can
+// leave out the types an architecture lacks (32-bit neon: double) instead of
+// failing to compile. has_simd_register alone is not enough: xsimd 8.1 sets
+// it for (double, neon) with a placeholder register, which makes batches of
+// size 0; later versions set it false. The size is read only when the
+// register is declared, since batch<T, Arch> may not be instantiable
+// otherwise.
+template <class T, class Arch, bool Declared = xsimd::has_simd_register<T, Arch>::value>
+struct has_batch : std::false_type {};
+template <class T, class Arch>
+struct has_batch<T, Arch, true> : std::integral_constant<bool, (xsimd::batch<T, Arch>::size > 0)> {};
+
 // Calls f(Arch{}) for every architecture the translation unit was compiled
-// for (its -m flags) that the running CPU also supports.
-template <class F>
-void for_each_runnable_arch(F&& f) {
+// for (its -m flags) that the running CPU also supports and that has
+// batches of T. An architecture without batches of T is passed to
+// no_batch(Arch{}) instead, so that a caller can say what it left out;
+// f is never instantiated for it.
+template <class T, class F, class NoBatch>
+void for_each_runnable_arch(F&& f, NoBatch&& no_batch) {
   xsimd::supported_architectures::for_each([&](auto arch) {
-    if (cpu_supports<decltype(arch)>()) f(arch);
+    using Arch = decltype(arch);
+    if constexpr (has_batch<T, Arch>::value) {
+      if (cpu_supports<Arch>()) f(arch);
+    } else {
+      no_batch(arch);
+    }
   });
 }
 
