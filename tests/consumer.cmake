@@ -20,7 +20,7 @@ function(run)
 endfunction()
 
 function(run_programs dir)
-  foreach(program rope_consumer rope_consumer_attention)
+  foreach(program rope_consumer rope_consumer_attention rope_consumer_hf_config)
     if(EXISTS "${dir}/${program}")
       run("${dir}/${program}")
     elseif(program STREQUAL "rope_consumer")
@@ -40,9 +40,15 @@ file(MAKE_DIRECTORY "${WORK_DIR}")
 
 if(MODE STREQUAL "pkg_config")
   set(ENV{PKG_CONFIG_PATH} "${PREFIX}/share/pkgconfig")
-  foreach(pair "rope;consumer" "rope-attention;consumer_attention")
-    list(GET pair 0 package)
-    list(GET pair 1 program)
+  # Each program with the package it needs: consumer -> rope,
+  # consumer_attention -> rope-attention, consumer_hf_config -> rope-hf-config.
+  set(programs consumer consumer_attention)
+  if(EXISTS "${PREFIX}/share/pkgconfig/rope-hf-config.pc")
+    list(APPEND programs consumer_hf_config)
+  endif()
+  foreach(program IN LISTS programs)
+    string(REPLACE "consumer" "rope" package "${program}")
+    string(REPLACE "_" "-" package "${package}")
     execute_process(COMMAND pkg-config --cflags ${package} OUTPUT_VARIABLE cflags RESULT_VARIABLE rc
                     OUTPUT_STRIP_TRAILING_WHITESPACE)
     if(NOT rc EQUAL 0)
