@@ -3,9 +3,11 @@
 #
 #   find_package(rope 0.1 CONFIG REQUIRED)                       rope::rope, rope::native
 #   find_package(rope 0.1 CONFIG REQUIRED COMPONENTS attention)  + rope::attention
+#   find_package(rope 0.1 CONFIG REQUIRED COMPONENTS hf_config)  + rope::hf_config
 #
 # Each part has its own export file, loaded by ropeConfig.cmake only when its
-# dependency is there, so a user without Eigen can find and use the core.
+# dependency is there, so a user without Eigen (or nlohmann_json) can find
+# and use the core.
 include(CMakePackageConfigHelpers)
 set(ROPE_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/rope")
 set(ROPE_PKGCONFIG_DIR "${CMAKE_INSTALL_DATADIR}/pkgconfig")
@@ -18,6 +20,11 @@ if(TARGET rope_attention)
   install(TARGETS rope_attention EXPORT ropeAttentionTargets)
   install(EXPORT ropeAttentionTargets NAMESPACE rope:: DESTINATION "${ROPE_CMAKE_DIR}")
   list(APPEND ROPE_COMPONENTS attention)
+endif()
+if(TARGET rope_hf_config)
+  install(TARGETS rope_hf_config EXPORT ropeHfConfigTargets)
+  install(EXPORT ropeHfConfigTargets NAMESPACE rope:: DESTINATION "${ROPE_CMAKE_DIR}")
+  list(APPEND ROPE_COMPONENTS hf_config)
 endif()
 
 configure_package_config_file(cmake/ropeConfig.cmake.in
@@ -34,7 +41,7 @@ install(FILES
   DESTINATION "${ROPE_CMAKE_DIR}")
 
 # pkg-config: Cflags only (header-only); the dependencies by their own .pc
-# names, as Debian installs them (xsimd.pc, eigen3.pc). The prefix is found
+# names, as Debian installs them (xsimd.pc, eigen3.pc, nlohmann_json.pc). The prefix is found
 # from the .pc file's own folder, so the files hold wherever the package is
 # installed (cmake --install --prefix, a staging directory).
 file(RELATIVE_PATH ROPE_PC_TO_PREFIX "/prefix/${ROPE_PKGCONFIG_DIR}" "/prefix")
@@ -44,4 +51,8 @@ install(FILES "${CMAKE_CURRENT_BINARY_DIR}/rope.pc" DESTINATION "${ROPE_PKGCONFI
 if(TARGET rope_attention)
   configure_file(cmake/rope-attention.pc.in "${CMAKE_CURRENT_BINARY_DIR}/rope-attention.pc" @ONLY)
   install(FILES "${CMAKE_CURRENT_BINARY_DIR}/rope-attention.pc" DESTINATION "${ROPE_PKGCONFIG_DIR}")
+endif()
+if(TARGET rope_hf_config)
+  configure_file(cmake/rope-hf-config.pc.in "${CMAKE_CURRENT_BINARY_DIR}/rope-hf-config.pc" @ONLY)
+  install(FILES "${CMAKE_CURRENT_BINARY_DIR}/rope-hf-config.pc" DESTINATION "${ROPE_PKGCONFIG_DIR}")
 endif()

@@ -19,7 +19,7 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(asan clang tsan fuzz aarch64 xsimd14)
 
 bash scripts/deps.sh cmake ninja-build g++ clang libclang-rt-14-dev pkg-config libxsimd-dev libeigen3-dev \
-  libgtest-dev libbenchmark-dev
+  libgtest-dev libbenchmark-dev nlohmann-json3-dev
 
 jobs="${ROPE_JOBS:-2}"
 fuzz_seconds="${ROPE_FUZZ_SECONDS:-60}"

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/deps.sh cmake ninja-build g++ pkg-config libxsimd-dev libeigen3-dev libgtest-dev libbenchmark-dev
+bash scripts/deps.sh cmake ninja-build g++ pkg-config libxsimd-dev libeigen3-dev libgtest-dev libbenchmark-dev nlohmann-json3-dev
 
 cmake --preset test >/dev/null
 cmake --build --preset test

@@ -468,6 +468,50 @@ TEST(ApplyMultiAxis, MropeWithEqualAxesIsPlainRope) {
   }
 }
 
+TEST(ApplyMultiAxis, AnyPairAxesMatchesPerPairAngles) {
+  constexpr std::size_t kTokens = 7, kHeads = 2, kHeadDim = 64, kPairs = kHeadDim / 2;
+  const auto freqs = rope::frequencies(kHeadDim, 500000.0);
+  const rope::Table<float> table(freqs, 200);
+  // An explicit map over four axes (no published model has four; the type
+  // allows any), and ERNIE-4.5-VL's layout: 22 pairs alternating h and w,
+  // then t.
+  rope::PairAxes four{std::vector<std::uint8_t>(kPairs), 4};
+  for (std::size_t p = 0; p < kPairs; ++p) four.axis[p] = static_cast<std::uint8_t>((p * 7 + 3) % 4);
+  const auto ernie = rope::PairAxes::hw_alternating(22, kPairs);
+  ASSERT_EQ(ernie.axis.size(), kPairs);
+  for (std::size_t p = 0; p < kPairs; ++p) EXPECT_EQ(ernie.axis[p], p < 22 ? (p % 2 == 0 ? 1 : 2) : 0) << p;
+  const rope::PairAxes* const maps[] = {&four, &ernie};
+  for (const rope::PairAxes* pa : maps) {
+    const auto positions = random_positions(pa->axes * kTokens, 200, 71);
+    for (Style s : kStyles) {
+      const auto original = random_tensor<float>(kTokens * kHeads * kHeadDim, 72);
+      auto x = original;
+      rope::apply_mrope(View<float>::token_major(x.data(), kTokens, kHeads, kHeadDim), table, s, positions.data(),
+                        *pa);
+      expect_angles(original, x, kTokens, kHeads, kHeadDim, kHeadDim, s, [&](std::size_t t, std::size_t p) {
+        return static_cast<double>(positions[pa->axis[p] * kTokens + t]) * freqs.inv_freq[p];
+      });
+    }
+  }
+}
+
+TEST(ApplyMultiAxis, PairAxesFromSectionsIsTheSectionsCall) {
+  constexpr std::size_t kTokens = 6, kHeads = 2, kHeadDim = 128;
+  const rope::Table<float> table(rope::frequencies(kHeadDim, 1e6), 100);
+  const auto positions = random_positions(3 * kTokens, 100, 81);
+  const auto original = random_tensor<float>(kTokens * kHeads * kHeadDim, 82);
+  for (const rope::MropeSections& sections :
+       {rope::MropeSections{{16, 24, 24}, rope::SectionOrder::chunked},
+        rope::MropeSections{{24, 20, 20}, rope::SectionOrder::interleaved}}) {
+    auto a = original, b = original;
+    rope::apply_mrope(View<float>::token_major(a.data(), kTokens, kHeads, kHeadDim), table, Style::rotate_half,
+                      positions.data(), sections);
+    rope::apply_mrope(View<float>::token_major(b.data(), kTokens, kHeads, kHeadDim), table, Style::rotate_half,
+                      positions.data(), rope::PairAxes::sections(sections, kHeadDim / 2));
+    EXPECT_TRUE(same_bytes(a, b));
+  }
+}
+
 TEST(ApplyMultiAxis, AxialMatchesPerPairAngles) {
   constexpr std::size_t kTokens = 16, kHeads = 2, kHeadDim = 64, kRotary = 64;
   const double base = 10000.0;
@@ -646,6 +690,29 @@ TEST(ApplyErrors, EveryBadArgumentThrowsAndWritesNothing) {
   {
     const rope::Table<float> t6(rope::frequencies(6), 100);
     expect_throw_untouched<IA>(buf, other, [&] { rope::apply_axial(x, t6, s, three.data()); }, {"multiple of 4", "6"});
+  }
+  // Pair -> axis maps: one axis per pair, only axes that exist, positions of
+  // each axis checked under its name.
+  {
+    rope::PairAxes pa{std::vector<std::uint8_t>(16, 0), 4};
+    std::vector<std::int64_t> four(4 * kTokens, 2);
+    expect_throw_untouched<IA>(buf, other, [&] { rope::apply_mrope(x, table, s, four.data(), rope::PairAxes{pa.axis, 0}); },
+                               {"pair_axes.axes", "got 0"});
+    expect_throw_untouched<IA>(
+        buf, other, [&] { rope::apply_mrope(x, table, s, four.data(), rope::PairAxes{std::vector<std::uint8_t>(15, 0), 4}); },
+        {"pair_axes.axis.size()", "16", "got 15"});
+    pa.axis[9] = 4;
+    expect_throw_untouched<IA>(buf, other, [&] { rope::apply_mrope(x, table, s, four.data(), pa); },
+                               {"pair_axes.axis[9]", "axes = 4", "got 4"});
+    pa.axis[9] = 3;
+    four[3 * kTokens + 2] = 100;
+    expect_throw_untouched<OR>(buf, other, [&] { rope::apply_mrope(x, table, s, four.data(), pa); },
+                               {"axis 3 positions[2]", "100"});
+    expect_throw_untouched<IA>(buf, other, [&] { (void)rope::PairAxes::hw_alternating(7, 16); }, {"hw_pairs", "got 7"});
+    expect_throw_untouched<IA>(buf, other, [&] { (void)rope::PairAxes::hw_alternating(18, 16); }, {"hw_pairs", "got 18"});
+    expect_throw_untouched<IA>(
+        buf, other, [&] { (void)rope::PairAxes::sections(rope::MropeSections{{4, 4, 4}, {}}, 16); },
+        {"rope::PairAxes::sections", "(4, 4, 4)", "12"});
   }
   std::vector<std::int64_t> two(2 * kTokens, 0);
   two[kTokens + 1] = -5;

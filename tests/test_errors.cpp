@@ -132,10 +132,6 @@ TEST(Errors, ScalingLengthsAndShapes) {
   llama = scaling::Llama3{};
   llama.original_max_positions = 0;
   expect_rejected(llama, "scaling::Llama3::original_max_positions", "0");
-  llama = scaling::Llama3{};
-  llama.low_freq_factor = 4.0;
-  llama.high_freq_factor = 4.0;  // the blend band would be empty
-  expect_rejected(llama, "scaling::Llama3::high_freq_factor", "4");
 
   scaling::LongRope lr;
   lr.short_factor.assign(32, 1.0);
@@ -162,7 +158,20 @@ TEST(Errors, ScalingLengthsAndShapes) {
     b = lr;
     b.max_positions = 0;
     expect_rejected(b, "scaling::LongRope::max_positions", "0");
+    b = lr;
+    b.factor = 0.0;
+    expect_rejected(b, "scaling::LongRope::factor", "0");
+    b = lr;
+    b.attention_factor = -2.0;
+    expect_rejected(b, "scaling::LongRope::attention_factor", "-2");
   }
+
+  for (const double prf : {-0.25, 1.5, kNaN}) {
+    expect_rejected(scaling::Proportional{prf, 1.0}, "scaling::Proportional::partial_rotary_factor",
+                    rope::detail::to_text(prf));
+  }
+  expect_rejected(scaling::Proportional{0.25, 0.0}, "scaling::Proportional::factor", "0");
+  expect_rejected(scaling::Proportional{0.25, kInf}, "scaling::Proportional::factor", "inf");
 
   scaling::Custom custom;
   custom.inv_freq.assign(32, 0.5);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -296,6 +297,13 @@ TEST(Scaling, YarnAttentionFactorFollowsG) {
   y.mscale = 0.8;
   y.mscale_all_dim = 0.8;
   EXPECT_NEAR(rope::frequencies(128, 1e6, y).attention_factor, 1.0, 1e-15);
+  // mscale_all_dim alone (mscale 0, as rope::hf reads an absent key) is
+  // not a ratio: the reference's `if mscale and mscale_all_dim` fails.
+  y.mscale = 0.0;
+  y.mscale_all_dim = 1.0;
+  EXPECT_NEAR(rope::frequencies(128, 1e6, y).attention_factor, 0.1 * std::log(4.0) + 1, 1e-15);
+  y.mscale = 0.8;
+  y.mscale_all_dim = 0.8;
   // An explicit attention_factor wins.
   y.attention_factor = 1.5;
   EXPECT_EQ(rope::frequencies(128, 1e6, y).attention_factor, 1.5);
@@ -410,6 +418,77 @@ TEST(Scaling, LongRopeSwitchesFromShortToLongAboveTheOriginalLength) {
   EXPECT_NEAR(rope::frequencies(96, 10000.0, s).attention_factor, std::sqrt(17.0L / 12.0L), 1e-15);
 }
 
+TEST(Scaling, Llama3WithoutABlendBandIsAStepAtTheLowFrequencyWavelength) {
+  // high_freq_factor <= low_freq_factor leaves no band to blend over: the
+  // reference's masks give theta/factor above L0/low_freq_factor and theta
+  // below (it only warns about such configs).
+  for (const auto& s : {scaling::Llama3{16.0, 1.0, 1.0, 8192}, scaling::Llama3{8.0, 4.0, 2.0, 8192}}) {
+    const auto f = rope::frequencies(128, 500000.0, s);
+    const long double l0 = 8192.0L;
+    std::size_t divided = 0;
+    for (std::size_t p = 0; p < 64; ++p) {
+      const long double inv = closed_form::plain(128, 500000.0L, p);
+      const bool low_frequency = 2 * closed_form::kPi / inv > l0 / s.low_freq_factor;
+      divided += low_frequency ? 1 : 0;
+      const long double want = low_frequency ? inv / s.factor : inv;
+      EXPECT_NEAR(f.inv_freq[p], static_cast<double>(want), 4 * std::numeric_limits<double>::epsilon() * want)
+          << "pair " << p;
+    }
+    EXPECT_GT(divided, 0u);
+    EXPECT_LT(divided, 64u);
+  }
+}
+
+TEST(Scaling, LongRopeTakesAGivenFactorOrAttentionFactor) {
+  const std::vector<double> ones(32, 1.0);
+  // A given factor replaces max_positions / L0 (which is then not read).
+  scaling::LongRope s{ones, ones, 4096, 0};
+  s.factor = 8.0;
+  const long double want = std::sqrt(1.0L + std::log(8.0L) / std::log(4096.0L));
+  EXPECT_NEAR(rope::frequencies(64, 10000.0, s).attention_factor, static_cast<double>(want), 1e-15);
+  s.factor = 1.0;
+  EXPECT_EQ(rope::frequencies(64, 10000.0, s).attention_factor, 1.0);
+  // A given attention factor wins over both.
+  s.attention_factor = 1.25;
+  EXPECT_EQ(rope::frequencies(64, 10000.0, s).attention_factor, 1.25);
+  scaling::LongRope t{ones, ones, 4096, 131072};
+  t.attention_factor = 0.75;
+  EXPECT_EQ(rope::frequencies(64, 10000.0, t).attention_factor, 0.75);
+}
+
+TEST(Scaling, ProportionalRotatesTheFirstPairsOfTheFullHeadSchedule) {
+  // Gemma 4's global layers: 512 channels, a quarter of them rotate: pairs
+  // 0..63 keep base^(-2p/512) (the exponent of the whole head), pairs
+  // 64..255 do not turn.
+  const auto f = rope::frequencies(512, 1e6, scaling::Proportional{0.25, 1.0});
+  ASSERT_EQ(f.inv_freq.size(), 256u);
+  EXPECT_EQ(f.attention_factor, 1.0);
+  for (std::size_t p = 0; p < 256; ++p) {
+    const long double want = p < 64 ? closed_form::plain(512, 1e6L, p) : 0.0L;
+    EXPECT_NEAR(f.inv_freq[p], static_cast<double>(want), 4 * std::numeric_limits<double>::epsilon() * want)
+        << "pair " << p;
+  }
+  // The factor divides the pairs that turn; 1.0 rotates every pair.
+  const auto g = rope::frequencies(64, 10000.0, scaling::Proportional{1.0, 4.0});
+  expect_matches(g.inv_freq, [] {
+    auto v = closed_form::plain_all(64, 10000.0L);
+    for (auto& x : v) x /= 4;
+    return v;
+  }(), 2, "factor");
+  // floor(prf * r / 2) with prf * r rounded to double, as the reference's
+  // int(prf * head_dim // 2): the double 0.6 is just below 3/5, yet 0.6 * 10
+  // rounds to exactly 6.0, so 3 pairs turn (a wider product would give 2);
+  // 0.3 * 10 = 3.0000000000000004 gives 1; 0 rotates nothing.
+  auto turning = [](double prf, std::size_t r) {
+    const auto v = rope::frequencies(r, 10000.0, scaling::Proportional{prf, 1.0}).inv_freq;
+    return static_cast<std::size_t>(std::count_if(v.begin(), v.end(), [](double x) { return x > 0; }));
+  };
+  EXPECT_EQ(turning(0.6, 10), 3u);
+  EXPECT_EQ(turning(0.3, 10), 1u);
+  EXPECT_EQ(turning(0.0, 64), 0u);
+  EXPECT_EQ(turning(1.0, 64), 32u);
+}
+
 TEST(Scaling, LongRopeAttentionFactorIsOneWithoutExtension) {
   const std::vector<double> ones(32, 1.0);
   for (std::size_t max_positions : {1000u, 4096u}) {
@@ -470,7 +549,6 @@ TEST(Scaling, RejectsEachInvalidFieldNamingItAndItsValue) {
   expect_rejects(scaling::Llama3{-8.0, 1.0, 4.0, 8192}, "Llama3::factor", "-8");
   expect_rejects(scaling::Llama3{8.0, -1.0, 4.0, 8192}, "Llama3::low_freq_factor", "-1");
   expect_rejects(scaling::Llama3{8.0, 1.0, 0.0, 8192}, "Llama3::high_freq_factor", "0");
-  expect_rejects(scaling::Llama3{8.0, 4.0, 4.0, 8192}, "Llama3::high_freq_factor", "4");
   expect_rejects(scaling::Llama3{8.0, 1.0, 4.0, 0}, "Llama3::original_max_positions", "0");
 
   const std::vector<double> ok(32, 1.0), short_vec(31, 1.0);

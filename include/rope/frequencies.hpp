@@ -61,9 +61,16 @@ struct DynamicNtk {
 
 // YaRN: a ramp between interpolated (theta_p/factor) and original theta_p
 // over the pairs whose wavelength lies between L0/beta_fast and L0/beta_slow,
-// and attention factor g(factor, mscale)/g(factor, mscale_all_dim) (or
-// g(factor, 1)), g(s, m) = 1 if s <= 1 else 0.1*m*ln(s) + 1, unless
-// attention_factor is given.
+// and attention factor
+//   attention_factor                               when given, else
+//   g(factor, mscale) / g(factor, mscale_all_dim)  when both are nonzero, else
+//   g(factor, 1),
+// g(s, m) = 1 if s <= 1 else 0.1*m*ln(s) + 1. "Both nonzero" is the
+// reference's test `if mscale and mscale_all_dim`: a config key that is
+// absent counts as 0 there, so a config with mscale_all_dim alone gets
+// g(factor, 1), not g(factor, 1) / g(factor, mscale_all_dim) (rope::hf sets
+// mscale = 0 when the key is absent). truncate = false keeps the ramp's ends
+// fractional (gpt-oss) instead of flooring/ceiling them.
 struct Yarn {
   double factor = 0.0;
   std::size_t original_max_positions = 0;
@@ -77,7 +84,9 @@ struct Yarn {
 
 // Llama 3: wavelengths below L0/high_freq_factor keep theta_p, those above
 // L0/low_freq_factor get theta_p/factor, and the band between is a linear
-// blend in L0/wavelength.
+// blend in L0/wavelength. With high_freq_factor <= low_freq_factor there is
+// no band (the reference accepts such configs with a warning): theta_p/factor
+// above L0/low_freq_factor, theta_p elsewhere.
 struct Llama3 {
   double factor = 8.0;
   double low_freq_factor = 1.0;
@@ -86,12 +95,29 @@ struct Llama3 {
 };
 
 // LongRoPE (Phi-3): theta_p = 1/(ext_p * base^(2p/r)), ext = long_factor when
-// seq_len > L0 else short_factor; attention factor
-// sqrt(1 + ln(max_positions/L0)/ln(L0)) when max_positions > L0, else 1.
+// seq_len > L0 else short_factor; attention factor attention_factor when
+// given, else sqrt(1 + ln(s)/ln(L0)) when s > 1 and 1 otherwise, with
+// s = factor when given, else max_positions/L0 (Phi-3's configs give no
+// factor: s is the ratio of the two lengths).
 struct LongRope {
   std::vector<double> short_factor, long_factor;  // r/2 values each
   std::size_t original_max_positions = 0;
-  std::size_t max_positions = 0;
+  std::size_t max_positions = 0;  // read only when factor is not given
+  // Default member initialisers keep LongRope{short, long, L0, max} free of
+  // -Wmissing-field-initializers, as before these two fields existed.
+  std::optional<double> factor = std::nullopt;
+  std::optional<double> attention_factor = std::nullopt;
+};
+
+// Proportional (Gemma 4's global layers): the full-head schedule
+// theta_p = base^(-2p/r) / factor for the first floor(partial_rotary_factor *
+// r / 2) pairs and theta_p = 0 (no rotation) for the rest, r = rotary_dim =
+// the whole head. Unlike a partial rotary_dim, the pairs that rotate keep
+// the exponent of the full head and, with rotate_half, pair channel p with
+// p + r/2 of the whole head.
+struct Proportional {
+  double partial_rotary_factor = 1.0;  // in [0, 1]
+  double factor = 1.0;
 };
 
 // Anything else: theta_p given directly.
@@ -103,7 +129,8 @@ struct Custom {
 }  // namespace scaling
 
 using Scaling = std::variant<scaling::None, scaling::Linear, scaling::Ntk, scaling::DynamicNtk,
-                             scaling::Yarn, scaling::Llama3, scaling::LongRope, scaling::Custom>;
+                             scaling::Yarn, scaling::Llama3, scaling::LongRope, scaling::Custom,
+                             scaling::Proportional>;
 
 namespace detail {
 
@@ -277,10 +304,7 @@ inline Frequencies scale(const scaling::Llama3& s, const Schedule& c) {
   check_positive("scaling::Llama3::low_freq_factor", s.low_freq_factor);
   check_positive("scaling::Llama3::high_freq_factor", s.high_freq_factor);
   check_positive("scaling::Llama3::original_max_positions", s.original_max_positions);
-  if (!(s.high_freq_factor > s.low_freq_factor)) {
-    invalid("scaling::Llama3::high_freq_factor", "> low_freq_factor (" + to_text(s.low_freq_factor) + ")",
-            s.high_freq_factor);
-  }
+  const bool band = s.high_freq_factor > s.low_freq_factor;
   const long double factor = s.factor;
   const long double low = s.low_freq_factor;
   const long double high = s.high_freq_factor;
@@ -288,9 +312,10 @@ inline Frequencies scale(const scaling::Llama3& s, const Schedule& c) {
   auto inv = schedule(c.rotary_dim, c.base);
   for (auto& v : inv) {
     const long double wavelength = kTwoPi / v;
-    if (wavelength < l0 / high) continue;
     if (wavelength > l0 / low) {
       v /= factor;
+    } else if (!band || wavelength < l0 / high) {
+      continue;
     } else {
       const long double smooth = (l0 / wavelength - low) / (high - low);
       v = (1.0L - smooth) * v / factor + smooth * v;
@@ -306,7 +331,12 @@ inline Frequencies scale(const scaling::LongRope& s, const Schedule& c) {
   if (s.original_max_positions < 2) {
     invalid("scaling::LongRope::original_max_positions", ">= 2", s.original_max_positions);
   }
-  check_positive("scaling::LongRope::max_positions", s.max_positions);
+  if (s.factor) {
+    check_positive("scaling::LongRope::factor", *s.factor);
+  } else {
+    check_positive("scaling::LongRope::max_positions", s.max_positions);
+  }
+  if (s.attention_factor) check_positive("scaling::LongRope::attention_factor", *s.attention_factor);
   const bool long_context = c.seq_len > s.original_max_positions;
   const auto& ext = long_context ? s.long_factor : s.short_factor;
   auto inv = schedule(c.rotary_dim, c.base);
@@ -314,11 +344,29 @@ inline Frequencies scale(const scaling::LongRope& s, const Schedule& c) {
     inv[p] /= static_cast<long double>(ext[p]);  // 1/(ext_p * base^(2p/r))
   }
   const long double l0 = static_cast<long double>(s.original_max_positions);
-  const long double ratio = static_cast<long double>(s.max_positions) / l0;
-  const long double attention = ratio <= 1.0L ? 1.0L : std::sqrt(1.0L + std::log(ratio) / std::log(l0));
+  const long double ratio = s.factor ? static_cast<long double>(*s.factor) : static_cast<long double>(s.max_positions) / l0;
+  const long double attention = s.attention_factor ? static_cast<long double>(*s.attention_factor)
+                                : ratio <= 1.0L    ? 1.0L
+                                                   : std::sqrt(1.0L + std::log(ratio) / std::log(l0));
   const char* field = long_context ? "scaling::LongRope::long_factor" : "scaling::LongRope::short_factor";
   const auto smallest = *std::min_element(ext.begin(), ext.end());
   return Frequencies{round_once(inv, field, smallest), static_cast<double>(attention)};
+}
+
+inline Frequencies scale(const scaling::Proportional& s, const Schedule& c) {
+  const double prf = s.partial_rotary_factor;
+  if (!(prf >= 0.0 && prf <= 1.0)) invalid("scaling::Proportional::partial_rotary_factor", "in [0, 1]", prf);
+  check_positive("scaling::Proportional::factor", s.factor);
+  // floor(prf * r / 2) with the product rounded to double first, as the
+  // reference's int(prf * head_dim // 2) does: 0.3 * 10 is 3.0000000000000004,
+  // not 3, and must floor the same way here.
+  const double product = prf * static_cast<double>(c.rotary_dim);
+  const auto rotating = static_cast<std::size_t>(std::floor(product / 2.0));
+  auto inv = schedule(c.rotary_dim, c.base);
+  for (std::size_t p = 0; p < inv.size(); ++p) {
+    inv[p] = p < rotating ? inv[p] / static_cast<long double>(s.factor) : 0.0L;
+  }
+  return Frequencies{round_once(inv, "scaling::Proportional::factor", s.factor), 1.0};
 }
 
 inline Frequencies scale(const scaling::Custom& s, const Schedule& c) {

@@ -5,8 +5,11 @@
 //   pair p of token t is rotated by positions[axis(p)][t] * theta_p
 //
 // With every axis holding the same positions this is plain RoPE. Positions
-// are axis-major: positions[axis * tokens + t]. Tensors and options as in
-// apply.hpp; every argument is checked before anything is written.
+// are axis-major: positions[axis * tokens + t]. Which axis each pair follows
+// is a PairAxes: built from Qwen-style sections (chunked or interleaved),
+// from ERNIE-4.5-VL's alternating layout, or listed pair by pair. Tensors and
+// options as in apply.hpp; every argument is checked before anything is
+// written.
 #pragma once
 
 #include <algorithm>
@@ -30,6 +33,24 @@ enum class SectionOrder { chunked, interleaved };
 struct MropeSections {
   std::array<std::size_t, 3> pairs{};
   SectionOrder order = SectionOrder::chunked;
+};
+
+// The axis each pair of the rotary part follows: axis[p] < axes for
+// p = 0 .. rotary_dim/2 - 1, and positions hold `axes` rows of one position
+// per token. Any layout is a PairAxes; the builders below give the ones
+// published models use:
+//   sections(s, pairs)    Qwen2-VL / Qwen2.5-VL / GLM-4V (chunked) and
+//                         Qwen3-VL (interleaved) sections over (t, h, w);
+//   hw_alternating(hw, pairs)
+//                         ERNIE-4.5-VL: pairs [0, hw) alternate h (even p) and
+//                         w (odd p), the remaining pairs follow t.
+// The pairing (which channels form pair p) is the Style, as everywhere.
+struct PairAxes {
+  std::vector<std::uint8_t> axis;
+  std::size_t axes = 3;
+
+  static PairAxes sections(const MropeSections& s, std::size_t pairs);
+  static PairAxes hw_alternating(std::size_t hw_pairs, std::size_t pairs);
 };
 
 namespace detail {
@@ -82,6 +103,25 @@ inline std::vector<std::uint8_t> mrope_axes(const char* fn, const MropeSections&
   return axis;
 }
 
+// The name of axis a in messages: t, h, w for three axes, row, col for two,
+// "axis a" otherwise.
+inline std::string axis_name(std::size_t a, std::size_t axes) {
+  static const char* const kThree[3] = {"t", "h", "w"};
+  static const char* const kTwo[2] = {"row", "col"};
+  if (axes == 3) return kThree[a];
+  if (axes == 2) return kTwo[a];
+  return "axis " + to_text(a);
+}
+
+// A PairAxes fits rotary_dim/2 pairs and names only axes that exist.
+inline void check_pair_axes(const char* fn, const PairAxes& pa, std::size_t pairs) {
+  if (pa.axes == 0 || pa.axes > 256) fail(fn, "pair_axes.axes", "in [1, 256]", pa.axes);
+  if (pa.axis.size() != pairs) fail(fn, "pair_axes.axis.size()", "rotary_dim/2 = " + to_text(pairs), pa.axis.size());
+  for (std::size_t p = 0; p < pairs; ++p) {
+    if (pa.axis[p] >= pa.axes) fail(fn, indexed("pair_axes.axis", p), "< axes = " + to_text(pa.axes), pa.axis[p]);
+  }
+}
+
 template <class T, class U>
 void apply_axes(const char* fn, const View<T>& x, const Table<U>& table, Style style, const std::int64_t* positions,
                 std::size_t axes, const std::vector<std::uint8_t>& axis_of_pair, std::size_t rotary_dim,
@@ -91,13 +131,11 @@ void apply_axes(const char* fn, const View<T>& x, const Table<U>& table, Style s
   check_passes(fn, &pass, 1, kName, kName);
   check_rotary_fits(fn, kName, &pass, 1, rotary_dim);
   if (positions == nullptr) fail(fn, "positions", "non-null", nullptr);
-  static const char* const kAxis[2][3] = {{"t", "h", "w"}, {"row", "col", ""}};
   for (std::size_t a = 0; a < axes; ++a) {
     for (std::size_t t = 0; t < x.tokens; ++t) {
       const std::int64_t m = positions[a * x.tokens + t];
       if (m < 0 || static_cast<std::uint64_t>(m) >= table.positions()) {
-        position_outside(fn, indexed(std::string(kAxis[axes == 3 ? 0 : 1][a]) + " positions", t), m,
-                         table.positions());
+        position_outside(fn, indexed(axis_name(a, axes) + " positions", t), m, table.positions());
       }
     }
   }
@@ -109,17 +147,42 @@ void apply_axes(const char* fn, const View<T>& x, const Table<U>& table, Style s
 
 }  // namespace detail
 
+// Multi-axis RoPE in place with any pair -> axis layout: positions is
+// [pair_axes.axes, tokens]; pair p is rotated by
+// positions[pair_axes.axis[p]] * theta_p. pair_axes lists rotary_dim/2 axes.
+template <class T, class U>
+void apply_mrope(View<T> x, const Table<U>& table, Style style, const std::int64_t* positions,
+                 const PairAxes& pair_axes, Options options = {}) {
+  detail::check_types<T, U>();
+  const char* fn = "rope::apply_mrope";
+  const std::size_t rotary_dim = detail::resolve_rotary_dim(fn, options, table.rotary_dim());
+  detail::check_pair_axes(fn, pair_axes, rotary_dim / 2);
+  detail::apply_axes(fn, x, table, style, positions, pair_axes.axes, pair_axes.axis, rotary_dim, options);
+}
+
 // M-RoPE in place: positions is [3, tokens] (all t, then all h, then all w);
 // pair p is rotated by positions[axis(p)] * theta_p, axis(p) given by the
 // sections. With all three axes equal this is plain RoPE.
 template <class T, class U>
 void apply_mrope(View<T> x, const Table<U>& table, Style style, const std::int64_t* positions,
                  const MropeSections& sections, Options options = {}) {
-  detail::check_types<T, U>();
   const char* fn = "rope::apply_mrope";
   const std::size_t rotary_dim = detail::resolve_rotary_dim(fn, options, table.rotary_dim());
-  const auto axes = detail::mrope_axes(fn, sections, rotary_dim / 2);
-  detail::apply_axes(fn, x, table, style, positions, 3, axes, rotary_dim, options);
+  apply_mrope(x, table, style, positions, PairAxes{detail::mrope_axes(fn, sections, rotary_dim / 2), 3}, options);
+}
+
+inline PairAxes PairAxes::sections(const MropeSections& s, std::size_t pairs) {
+  return PairAxes{detail::mrope_axes("rope::PairAxes::sections", s, pairs), 3};
+}
+
+inline PairAxes PairAxes::hw_alternating(std::size_t hw_pairs, std::size_t pairs) {
+  const char* fn = "rope::PairAxes::hw_alternating";
+  if (hw_pairs % 2 != 0 || hw_pairs > pairs) {
+    detail::fail(fn, "hw_pairs", "even and <= pairs = " + detail::to_text(pairs), hw_pairs);
+  }
+  PairAxes out{std::vector<std::uint8_t>(pairs, 0), 3};
+  for (std::size_t p = 0; p < hw_pairs; ++p) out.axis[p] = p % 2 == 0 ? 1 : 2;
+  return out;
 }
 
 // 2-D axial RoPE in place for image patches: positions is [2, tokens] (all

@@ -179,16 +179,18 @@ void fuzz_scaling(Bytes& in) {
       if (in.flag()) l.original_max_positions = length_field(in);
       scaling = l;
       valid = valid && positive(l.factor) && positive(l.low_freq_factor) && positive(l.high_freq_factor) &&
-              l.original_max_positions > 0 && l.high_freq_factor > l.low_freq_factor;
+              l.original_max_positions > 0;
       if (valid) {
         closed = schedule(base);
         const long double two_pi = 2.0L * 3.141592653589793238462643383279502884L;
         const long double l0 = static_cast<long double>(l.original_max_positions);
         for (auto& v : closed) {
           const long double wavelength = two_pi / v;
-          if (wavelength < l0 / l.high_freq_factor) continue;
+          // No blend band unless high_freq_factor > low_freq_factor.
           if (wavelength > l0 / l.low_freq_factor) {
             v /= l.factor;
+          } else if (l.high_freq_factor <= l.low_freq_factor || wavelength < l0 / l.high_freq_factor) {
+            continue;
           } else {
             const long double smooth = (l0 / wavelength - l.low_freq_factor) /
                                        (static_cast<long double>(l.high_freq_factor) - l.low_freq_factor);

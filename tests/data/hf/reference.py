@@ -1,0 +1,413 @@
+#!/usr/bin/env python3
+"""Expected RoPE values for the checkpoint configs in configs/.
+
+An independent reference for rope's config reader (include/rope/hf_config.hpp),
+written in Python from the published formulas of the Hugging Face
+implementation (modeling_rope_utils and each family's modeling code), in the
+shape that code has: the config is first standardised into one parameter
+dict per layer type, then each rope type's own function turns a dict into
+inv_freq and an attention factor. It does not read rope's sources. Run it to
+regenerate expected.json:
+
+    python3 tests/data/hf/reference.py
+
+For every config it writes the pairing, the rotary channels, the softmax
+scale, the M-RoPE axis of each pair, and at a few (layer, seq_len) probes
+whether the layer rotates, its head and rotary sizes, inv_freq and the
+attention factor; plus the query scale at a few (layer, position) probes.
+Everything is float64 (Python floats), as the reference computes with
+float64 inputs; rope's test compares at 1e-12 relative.
+"""
+import json
+import math
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONFIGS = os.path.join(HERE, "configs")
+DEFAULT_THETA = 10000.0
+
+# The pairing of each family's modeling code. "half": rotate_half, pair p is
+# channels (p, p + r/2); "interleaved": pair p is (2p, 2p + 1) (GPT-J's
+# rotate_every_two, GLM's and Cohere's rotate_half over x[..., 0::2] /
+# x[..., 1::2], complex-number RoPE of Llama 4 and DeepSeek).
+INTERLEAVED = {
+    "gptj", "codegen", "cohere", "cohere2", "glm", "glm4", "glm4v", "glm4v_text", "chatglm", "deepseek_v2",
+    "deepseek_v3", "llama4", "llama4_text", "ernie4_5", "ernie4_5_moe", "ernie4_5_vl_moe",
+    "ernie4_5_vl_moe_text", "helium",
+}
+HALF = {
+    "llama", "mistral", "mixtral", "ministral", "ministral3", "mistral3", "qwen2", "qwen2_moe", "qwen3",
+    "qwen3_moe", "qwen3_next", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_vl",
+    "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text", "gemma", "gemma2", "gemma3", "gemma3_text",
+    "gemma4", "gemma4_text", "phi", "phi3", "phimoe", "gpt_neox", "gpt_oss", "glm4_moe", "glm4v_moe",
+    "glm4v_moe_text", "stablelm", "starcoder2", "falcon", "olmo", "olmo2", "granite", "granitemoe",
+    "smollm3", "persimmon",
+}
+# Gemma3TextConfig.__init__ defaults, used for keys its config omits.
+GEMMA3_TEXT_DEFAULTS = {
+    "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "sliding_window_pattern": 6, "head_dim": 256,
+    "num_attention_heads": 8, "hidden_size": 2304, "num_hidden_layers": 26, "max_position_embeddings": 131_072,
+    "query_pre_attn_scalar": 256,
+}
+# GPT-J / CodeGen attribute_map.
+ALIASES = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer",
+           "max_position_embeddings": "n_positions"}
+
+# (layer, seq_len) and (layer, position) probes beyond the defaults.
+PROBES = {
+    "gemma3_1b_it.json": {"layers": [0, 5]},
+    "constructed_gemma3_rope_parameters.json": {"layers": [0, 5]},
+    "constructed_gemma3_text_config_defaults.json": {"layers": [0, 5]},
+    "constructed_gemma4_proportional.json": {"layers": [0, 5]},
+    "constructed_dynamic_ntk.json": {"seq_lens": [0, 4096, 4097, 10000]},
+    "phi3_mini_128k_instruct.json": {"seq_lens": [0, 4096, 4097, 131072]},
+    "constructed_longrope_factor_partial.json": {"seq_lens": [0, 5000]},
+    "constructed_phi3_su.json": {"seq_lens": [0, 5000]},
+    "constructed_llama4_nope_temperature.json": {"layers": [0, 3], "positions": [0, 8190, 8191, 8192, 100000]},
+    "constructed_ministral3_llama4_beta.json": {"positions": [0, 16383, 16384, 50000, 1000000]},
+    "constructed_cohere2_sliding_rope.json": {"layers": [0, 3]},
+}
+
+
+class Config:
+    """Attribute lookup as the reference's config objects give it."""
+
+    def __init__(self, d, defaults=None):
+        self.d = d
+        self.defaults = defaults or {}
+
+    def get(self, key, default=None):
+        if key in self.d and self.d[key] is not None:
+            return self.d[key]
+        if key in ALIASES and self.d.get(ALIASES[key]) is not None:
+            return self.d[ALIASES[key]]
+        return self.defaults.get(key, default)
+
+    def has(self, key):
+        return self.get(key) is not None
+
+
+def text_config(root):
+    if isinstance(root.get("text_config"), dict):
+        return root["text_config"]
+    return root
+
+
+# --- the rope types, one function each ------------------------------------
+
+def default_inv_freq(dim, base):
+    return [1.0 / base ** (i / dim) for i in range(0, dim, 2)]
+
+
+def compute_default(dim, base, p, cfg, seq_len):
+    return default_inv_freq(dim, base), 1.0
+
+
+def compute_linear(dim, base, p, cfg, seq_len):
+    return [x / p["factor"] for x in default_inv_freq(dim, base)], 1.0
+
+
+def compute_dynamic(dim, base, p, cfg, seq_len):
+    max_pos = cfg.get("max_position_embeddings")
+    seq = max_pos if seq_len is None else max(seq_len, max_pos)
+    factor = p["factor"]
+    base = base * ((factor * seq / max_pos) - (factor - 1)) ** (dim / (dim - 2))
+    return default_inv_freq(dim, base), 1.0
+
+
+def get_mscale(scale, mscale=1.0):
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def compute_yarn(dim, base, p, cfg, seq_len):
+    original = p["original_max_position_embeddings"]
+    factor = p["factor"]
+    if factor is None:
+        factor = cfg.get("max_position_embeddings") / original
+    attention = p.get("attention_factor")
+    mscale, mscale_all_dim = p.get("mscale"), p.get("mscale_all_dim")
+    if attention is None:
+        if mscale and mscale_all_dim:
+            attention = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+        else:
+            attention = get_mscale(factor)
+    beta_fast = p.get("beta_fast") or 32
+    beta_slow = p.get("beta_slow") or 1
+
+    def correction_dim(rotations):
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    inv = []
+    for i in range(dim // 2):
+        pos_freq = base ** (2 * i / dim)
+        extrapolation = 1.0 / pos_freq
+        interpolation = 1.0 / (factor * pos_freq)
+        ramp = min(max((i - low) / (high - low), 0.0), 1.0)
+        keep = 1 - ramp
+        inv.append(interpolation * (1 - keep) + extrapolation * keep)
+    return inv, attention
+
+
+def compute_longrope(dim, base, p, cfg, seq_len):
+    original = p["original_max_position_embeddings"]
+    factor = p.get("factor")
+    if factor is None:
+        factor = cfg.get("max_position_embeddings") / original
+    attention = p.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    ext = p["long_factor"] if seq_len and seq_len > original else p["short_factor"]
+    return [1.0 / (ext[i // 2] * base ** (i / dim)) for i in range(0, dim, 2)], attention
+
+
+def compute_llama3(dim, base, p, cfg, seq_len):
+    factor, low, high = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
+    old = p["original_max_position_embeddings"]
+    out = []
+    for inv in default_inv_freq(dim, base):
+        wavelen = 2 * math.pi / inv
+        value = inv / factor if wavelen > old / low else inv
+        if not wavelen < old / high and not wavelen > old / low:
+            smooth = (old / wavelen - low) / (high - low)
+            value = (1 - smooth) * value / factor + smooth * value
+        out.append(value)
+    return out, 1.0
+
+
+def compute_proportional(head_dim, base, p, cfg, seq_len):
+    factor = p.get("factor", 1.0)
+    angles = int(p.get("partial_rotary_factor", 1.0) * head_dim // 2)
+    rotated = [1.0 / base ** (i / head_dim) for i in range(0, 2 * angles, 2)]
+    inv = rotated + [0.0] * (head_dim // 2 - angles)
+    return [x / factor for x in inv], 1.0
+
+
+ROPE_FUNCTIONS = {"default": compute_default, "linear": compute_linear, "dynamic": compute_dynamic,
+                  "yarn": compute_yarn, "longrope": compute_longrope, "llama3": compute_llama3,
+                  "proportional": compute_proportional}
+
+
+# --- standardisation: one parameter dict per layer type --------------------
+
+def standardize(cfg, model_type, per_layer_types):
+    """{layer_type or None: params} as the reference's standardize_rope_params."""
+    rope = cfg.d.get("rope_scaling") or cfg.d.get("rope_parameters") or {}
+    rope = json.loads(json.dumps(rope))  # a copy
+    theta = cfg.get("rope_theta", cfg.get("rotary_emb_base", DEFAULT_THETA))
+    partial = cfg.get("partial_rotary_factor", cfg.get("rotary_pct"))
+    if per_layer_types and rope and set(rope) <= set(per_layer_types):
+        entries = rope
+        top_original = None
+    else:
+        entries = {None: rope}
+        top_original = cfg.get("original_max_position_embeddings")
+    for entry in entries.values():
+        rope_type = entry.get("rope_type", entry.get("type", "default"))
+        if rope_type == "mrope":
+            rope_type = "default"
+        if rope_type == "su" or (model_type == "phi3" and "rope_type" not in entry and rope_type == "yarn"):
+            rope_type = "longrope"
+        entry["rope_type"] = rope_type
+        entry.setdefault("rope_theta", theta)
+        if partial is not None:
+            entry["partial_rotary_factor"] = partial
+        if rope_type in ("llama3", "yarn", "longrope"):
+            if top_original is not None:
+                entry["original_max_position_embeddings"] = top_original
+            else:
+                entry.setdefault("original_max_position_embeddings", cfg.get("max_position_embeddings"))
+    return entries
+
+
+def describe(name, root):
+    cfg_dict = text_config(root)
+    model_type = cfg_dict.get("model_type") or root.get("model_type", "")
+    gemma3 = model_type in ("gemma3", "gemma3_text")
+    cfg = Config(cfg_dict, GEMMA3_TEXT_DEFAULTS if gemma3 else None)
+    deepseek = model_type in ("deepseek_v2", "deepseek_v3")
+    chatglm = model_type == "chatglm"
+
+    style = "block_diagonal" if model_type in INTERLEAVED else "rotate_half"
+    if deepseek and not cfg.d.get("rope_interleave", True):
+        style = "rotate_half"
+
+    # Head and rotary sizes.
+    if deepseek:
+        head_dim = cfg.get("qk_rope_head_dim")
+        offset = cfg.get("qk_nope_head_dim")
+        qk_head_dim = offset + head_dim
+    elif chatglm:
+        head_dim = cfg.get("kv_channels") or cfg.get("hidden_size") // cfg.get("num_attention_heads")
+        offset, qk_head_dim = 0, head_dim
+    else:
+        head_dim = cfg.get("head_dim") or cfg.get("hidden_size") // cfg.get("num_attention_heads")
+        offset, qk_head_dim = 0, head_dim
+    num_layers = cfg.get("num_hidden_layers", cfg.get("num_layers"))
+
+    # Layer types.
+    layer_types = cfg.get("layer_types")
+    if layer_types is None and (gemma3 or model_type == "cohere2"):
+        pattern = cfg.get("sliding_window_pattern", 6 if gemma3 else 4)
+        layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+    entries = standardize(cfg, model_type, layer_types)
+
+    def kind(params, layer_type):
+        """(rotates, head_dim, rotary_dim, function of seq_len)."""
+        dim = head_dim
+        if model_type in ("gemma4", "gemma4_text") and layer_type == "full_attention":
+            dim = cfg.get("global_head_dim") or head_dim
+        rope_type = params["rope_type"]
+        base = params["rope_theta"]
+        if chatglm:
+            base = 10000 * cfg.get("rope_ratio", 1)
+        if rope_type == "proportional":
+            rotary = dim
+        elif chatglm:
+            rotary = dim // 2
+        elif params.get("partial_rotary_factor") is not None:
+            rotary = int(dim * params["partial_rotary_factor"])
+        elif cfg.has("rotary_dim"):
+            rotary = cfg.get("rotary_dim")
+        else:
+            rotary = dim
+        fn = ROPE_FUNCTIONS[rope_type]
+        if rope_type == "proportional":
+            return True, dim, rotary, lambda seq_len: fn(dim, base, params, cfg, seq_len)
+        return True, dim, rotary, lambda seq_len: fn(rotary, base, params, cfg, seq_len)
+
+    nope = (False, head_dim, 0, None)
+    # kind of each layer
+    if None not in entries:
+        kinds = {t: kind(entries[t], t) for t in set(layer_types)}
+        layer_kind = lambda i: kinds[layer_types[i]]
+        main_params = entries["full_attention"] if "full_attention" in entries else entries[layer_types[0]]
+    elif gemma3 or cfg.has("rope_local_base_freq"):
+        local = {"rope_type": "default", "rope_theta": cfg.get("rope_local_base_freq")}
+        kinds = {"full_attention": kind(entries[None], "full_attention"),
+                 "sliding_attention": kind(local, "sliding_attention")}
+        layer_kind = lambda i: kinds[layer_types[i]]
+        main_params = entries[None]
+    elif model_type == "cohere2":
+        rope_kind = kind(entries[None], "sliding_attention")
+        layer_kind = lambda i: rope_kind if layer_types[i] == "sliding_attention" else nope
+        main_params = entries[None]
+    elif cfg.has("no_rope_layers") or model_type in ("llama4", "llama4_text"):
+        flags = cfg.get("no_rope_layers") or [int((i + 1) % cfg.get("no_rope_layer_interval", 4) != 0)
+                                               for i in range(num_layers)]
+        rope_kind = kind(entries[None], None)
+        layer_kind = lambda i: rope_kind if flags[i] else nope
+        main_params = entries[None]
+    else:
+        rope_kind = kind(entries[None], None)
+        layer_kind = lambda i: rope_kind
+        main_params = entries[None]
+
+    main = kind(main_params, "full_attention")
+    main_rotary = main[2]
+
+    # M-RoPE: the (t, h, w) axis of each pair.
+    section = main_params.get("mrope_section")
+    qwen3_vl = model_type in ("qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text")
+    ernie_vl = model_type in ("ernie4_5_vl_moe", "ernie4_5_vl_moe_text")
+    if section is None and qwen3_vl:
+        section = [24, 20, 20]
+    if section is None and ernie_vl:
+        section = [22, 22, 20]
+    pair_axes = None
+    if section is not None:
+        pairs = main_rotary // 2
+        if ernie_vl:
+            # freq_hw = stack(h, w) of the pre-split even / odd pairs, then t.
+            hw = section[0] + section[1]
+            pair_axes = [(1 if p % 2 == 0 else 2) if p < hw else 0 for p in range(pairs)]
+        elif qwen3_vl or main_params.get("mrope_interleaved"):
+            pair_axes = [0] * pairs
+            for axis, offset_ in ((1, 1), (2, 2)):
+                for p in range(offset_, section[axis] * 3, 3):
+                    pair_axes[p] = axis
+        else:
+            pair_axes = [0] * section[0] + [1] * section[1] + [2] * section[2]
+
+    # Attention scores.
+    divisor = qk_head_dim
+    if model_type in ("gemma2", "gemma3", "gemma3_text") and cfg.has("query_pre_attn_scalar"):
+        divisor = cfg.get("query_pre_attn_scalar")
+    softmax = divisor ** -0.5
+    if model_type in ("gemma4", "gemma4_text"):
+        softmax = 1.0  # Gemma4TextAttention: scaling = 1.0 (q and k are RMS-normalised)
+    if deepseek and (cfg.d.get("rope_scaling") or cfg.d.get("rope_parameters")) and \
+            main_params["rope_type"] != "default":
+        mscale_all_dim = main_params.get("mscale_all_dim", 0)
+        if mscale_all_dim:
+            factor = main_params["factor"]
+            if factor is None:
+                factor = cfg.get("max_position_embeddings") / main_params["original_max_position_embeddings"]
+            m = get_mscale(factor, mscale_all_dim)
+            softmax = softmax * m * m
+
+    def query_scale(layer, position):
+        beta = main_params.get("llama_4_scaling_beta")
+        if beta is not None:
+            length = main_params["original_max_position_embeddings"]
+            return 1 + beta * math.log(1 + math.floor(position / length))
+        if model_type in ("llama4", "llama4_text") and cfg.d.get("attn_temperature_tuning", True):
+            if layer_kind(layer)[0]:
+                return 1.0
+            return math.log(math.floor((position + 1.0) / cfg.get("floor_scale", 8192)) + 1.0) * \
+                cfg.get("attn_scale", 0.1) + 1.0
+        return 1.0
+
+    probes = PROBES.get(name, {})
+    out = {
+        "file": name,
+        "constructed": name.startswith("constructed_"),
+        "model_type": model_type,
+        "style": style,
+        "rotary_offset": offset,
+        "num_layers": num_layers or 0,
+        "softmax_scale": softmax,
+        "pair_axes": pair_axes,
+        "probes": [],
+        "query_scales": [],
+    }
+    for layer in probes.get("layers", [0]):
+        rotates, dim, rotary, fn = layer_kind(layer)
+        for seq_len in probes.get("seq_lens", [0]):
+            probe = {"layer": layer, "seq_len": seq_len, "rotates": rotates, "head_dim": dim,
+                     "rotary_dim": rotary}
+            if rotates:
+                inv, attention = fn(seq_len)
+                probe["inv_freq"] = inv
+                probe["attention_factor"] = attention
+            out["probes"].append(probe)
+    for layer in probes.get("layers", [0]):
+        for position in probes.get("positions", [0, 100000]):
+            out["query_scales"].append({"layer": layer, "position": position,
+                                        "scale": query_scale(layer, position)})
+    return out
+
+
+def main():
+    results = []
+    for name in sorted(os.listdir(CONFIGS)):
+        if not name.endswith(".json"):
+            continue
+        with open(os.path.join(CONFIGS, name)) as f:
+            root = json.load(f)
+        results.append(describe(name, root))
+    with open(os.path.join(HERE, "expected.json"), "w") as f:
+        json.dump({"generator": "tests/data/hf/reference.py", "configs": results}, f, indent=1)
+        f.write("\n")
+    print(f"wrote expected values for {len(results)} configs")
+
+
+if __name__ == "__main__":
+    main()

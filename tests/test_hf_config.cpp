@@ -1,0 +1,352 @@
+// rope::hf, the checkpoint config reader, against an independent reference:
+// tests/data/hf/reference.py computes, from the published formulas of the
+// Hugging Face implementation, the pairing, rotary channels, inv_freq,
+// attention factor, M-RoPE axes, softmax scale and query scale of every
+// config in tests/data/hf/configs (the published configs of
+// ../shared/configs, copied unchanged, and constructed ones named
+// constructed_*), and writes them to expected.json. The reader must agree
+// to 1e-12 relative; its frequencies must drive rope::apply to the rotation
+// computed here in long double from the reference's values; and bad configs
+// must be refused with an error naming the key and its value.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <rope/apply.hpp>
+#include <rope/hf_config.hpp>
+#include <rope/multi_axis.hpp>
+#include <rope/table.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+const std::string kData = ROPE_HF_DATA_DIR;
+constexpr double kRelative = 1e-12;
+
+const Json& expected() {
+  static const Json j = [] {
+    std::ifstream in(kData + "/expected.json");
+    return Json::parse(in);
+  }();
+  return j.at("configs");
+}
+
+std::string config_path(const std::string& name) { return kData + "/configs/" + name; }
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void expect_relative(double got, double want, const std::string& what) {
+  if (want == 0.0) {
+    EXPECT_EQ(got, 0.0) << what;
+  } else {
+    EXPECT_LE(std::fabs(got - want), kRelative * std::fabs(want)) << what << ": got " << got << " want " << want;
+  }
+}
+
+rope::Style style_of(const Json& e) {
+  return e.at("style").get<std::string>() == "rotate_half" ? rope::Style::rotate_half : rope::Style::block_diagonal;
+}
+
+TEST(HfConfig, EveryConfigMatchesTheReference) {
+  ASSERT_FALSE(expected().empty());
+  for (const Json& e : expected()) {
+    const std::string file = e.at("file");
+    SCOPED_TRACE(file);
+    const rope::hf::ModelRope m = rope::hf::load(config_path(file));
+    EXPECT_EQ(m.model_type, e.at("model_type").get<std::string>());
+    EXPECT_EQ(m.style, style_of(e));
+    EXPECT_TRUE(m.style_known);
+    EXPECT_EQ(m.rotary_offset, e.at("rotary_offset").get<std::size_t>());
+    EXPECT_EQ(m.num_layers, e.at("num_layers").get<std::size_t>());
+    expect_relative(m.softmax_scale, e.at("softmax_scale").get<double>(), "softmax_scale");
+    if (e.at("pair_axes").is_null()) {
+      EXPECT_FALSE(m.mrope.has_value());
+    } else {
+      ASSERT_TRUE(m.mrope.has_value());
+      EXPECT_EQ(m.mrope->axes, 3u);
+      const auto want = e.at("pair_axes").get<std::vector<int>>();
+      ASSERT_EQ(m.mrope->axis.size(), want.size());
+      for (std::size_t p = 0; p < want.size(); ++p) EXPECT_EQ(int(m.mrope->axis[p]), want[p]) << "pair " << p;
+    }
+    for (const Json& probe : e.at("probes")) {
+      const std::size_t layer = probe.at("layer");
+      const std::size_t seq_len = probe.at("seq_len");
+      SCOPED_TRACE("layer " + std::to_string(layer) + " seq_len " + std::to_string(seq_len));
+      const auto& kind = m.layer(layer);
+      EXPECT_EQ(kind.rotates, probe.at("rotates").get<bool>());
+      EXPECT_EQ(kind.head_dim, probe.at("head_dim").get<std::size_t>());
+      if (!kind.rotates) {
+        EXPECT_THROW(m.frequencies(layer, seq_len), std::invalid_argument);
+        continue;
+      }
+      EXPECT_EQ(kind.rotary_dim, probe.at("rotary_dim").get<std::size_t>());
+      const rope::Frequencies f = m.frequencies(layer, seq_len);
+      const auto want = probe.at("inv_freq").get<std::vector<double>>();
+      ASSERT_EQ(f.inv_freq.size(), want.size());
+      for (std::size_t p = 0; p < want.size(); ++p) expect_relative(f.inv_freq[p], want[p], "inv_freq[" + std::to_string(p) + "]");
+      expect_relative(f.attention_factor, probe.at("attention_factor").get<double>(), "attention_factor");
+    }
+    for (const Json& q : e.at("query_scales")) {
+      const std::size_t layer = q.at("layer");
+      const std::int64_t position = q.at("position");
+      expect_relative(m.query_scale(layer, position), q.at("scale").get<double>(),
+                      "query_scale(" + std::to_string(layer) + ", " + std::to_string(position) + ")");
+    }
+  }
+}
+
+// Every file in configs/ has expected values, every published config of
+// ../shared/configs is among them unchanged (when that folder is there), and
+// the published ones are not all the reader saw.
+TEST(HfConfig, EveryConfigFileIsChecked) {
+  std::set<std::string> files, checked;
+  for (const auto& entry : fs::directory_iterator(kData + "/configs")) files.insert(entry.path().filename().string());
+  std::size_t published = 0;
+  for (const Json& e : expected()) {
+    checked.insert(e.at("file").get<std::string>());
+    const bool constructed = e.at("constructed").get<bool>();
+    EXPECT_EQ(constructed, e.at("file").get<std::string>().rfind("constructed_", 0) == 0);
+    published += constructed ? 0 : 1;
+  }
+  EXPECT_EQ(files, checked);
+  EXPECT_GE(published, 14u);
+  const fs::path shared = ROPE_SHARED_CONFIGS_DIR;
+  if (!fs::is_directory(shared)) GTEST_SKIP() << shared << " is not beside this checkout: copies not compared";
+  std::size_t compared = 0;
+  for (const auto& entry : fs::directory_iterator(shared)) {
+    if (entry.path().extension() != ".json") continue;
+    const std::string name = entry.path().filename().string();
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(checked.count(name)) << "a published config without expected values";
+    EXPECT_EQ(read_file(entry.path()), read_file(config_path(name))) << "the copy differs from the published file";
+    ++compared;
+  }
+  EXPECT_EQ(compared, published);
+}
+
+// The reader's frequencies drive rope::apply (or apply_mrope with the
+// reader's pair axes) on the reader's channels; the result equals the
+// rotation computed here in long double from the reference's inv_freq,
+// attention factor, pairing and offset.
+TEST(HfConfig, FrequenciesDriveApplyToTheReferenceRotation) {
+  constexpr std::size_t kTokens = 5, kHeads = 2, kPositions = 64, kSpare = 2;
+  std::mt19937 gen(2024);
+  std::uniform_real_distribution<double> value(-1.0, 1.0);
+  std::uniform_int_distribution<std::int64_t> position(0, kPositions - 1);
+  for (const Json& e : expected()) {
+    const std::string file = e.at("file");
+    const Json* probe = nullptr;
+    for (const Json& p : e.at("probes")) {
+      if (p.at("rotates").get<bool>() && probe == nullptr) probe = &p;
+    }
+    ASSERT_NE(probe, nullptr) << file;
+    SCOPED_TRACE(file + " layer " + std::to_string(probe->at("layer").get<std::size_t>()));
+    const rope::hf::ModelRope m = rope::hf::load(config_path(file));
+    const std::size_t layer = probe->at("layer"), seq_len = probe->at("seq_len");
+    const std::size_t head_dim = probe->at("head_dim"), rotary_dim = probe->at("rotary_dim");
+    const std::size_t offset = e.at("rotary_offset");
+    const std::size_t width = offset + head_dim + kSpare;  // unrotated channels on both sides
+    const auto inv = probe->at("inv_freq").get<std::vector<double>>();
+    const long double attention = probe->at("attention_factor").get<double>();
+    const bool multi = !e.at("pair_axes").is_null();
+    const std::vector<int> axes = multi ? e.at("pair_axes").get<std::vector<int>>() : std::vector<int>(inv.size(), 0);
+
+    std::vector<double> x(kTokens * kHeads * width);
+    for (auto& v : x) v = value(gen);
+    std::vector<std::int64_t> positions((multi ? 3 : 1) * kTokens);
+    for (auto& p : positions) p = position(gen);
+
+    std::vector<double> y = x;
+    const rope::Table<double> table(m.frequencies(layer, seq_len), kPositions);
+    const rope::View<double> view(y.data() + offset, kTokens, kHeads, head_dim, kHeads * width, width);
+    if (multi) {
+      rope::apply_mrope(view, table, m.style, positions.data(), *m.mrope);
+    } else {
+      rope::apply(view, table, m.style, positions.data());
+    }
+
+    const bool half = style_of(e) == rope::Style::rotate_half;
+    for (std::size_t t = 0; t < kTokens; ++t) {
+      for (std::size_t h = 0; h < kHeads; ++h) {
+        const std::size_t row = (t * kHeads + h) * width;
+        std::vector<long double> want(x.begin() + static_cast<std::ptrdiff_t>(row),
+                                      x.begin() + static_cast<std::ptrdiff_t>(row + width));
+        for (std::size_t p = 0; p < rotary_dim / 2; ++p) {
+          const std::size_t a = offset + (half ? p : 2 * p), b = offset + (half ? p + rotary_dim / 2 : 2 * p + 1);
+          const long double angle =
+              static_cast<long double>(positions[static_cast<std::size_t>(axes[p]) * kTokens + t]) * inv[p];
+          const long double c = attention * std::cos(angle), s = attention * std::sin(angle);
+          want[a] = x[row + a] * c - x[row + b] * s;
+          want[b] = x[row + b] * c + x[row + a] * s;
+        }
+        for (std::size_t ch = 0; ch < width; ++ch) {
+          EXPECT_NEAR(y[row + ch], static_cast<double>(want[ch]), kRelative)
+              << "token " << t << " head " << h << " channel " << ch;
+        }
+      }
+    }
+  }
+}
+
+// Each bad config is refused with std::invalid_argument naming the key path
+// and showing its value.
+TEST(HfConfig, BadConfigsAreNamedErrors) {
+  const Json llama = {{"model_type", "llama"},
+                      {"hidden_size", 4096},
+                      {"num_attention_heads", 32},
+                      {"num_hidden_layers", 2},
+                      {"max_position_embeddings", 4096}};
+  const auto with = [&](const Json& extra) {
+    Json j = llama;
+    for (const auto& item : extra.items()) {
+      if (item.value().is_null()) {
+        j.erase(item.key());
+      } else {
+        j[item.key()] = item.value();
+      }
+    }
+    return j.dump();
+  };
+  struct Bad {
+    std::string text, key, value;
+  };
+  const std::vector<Bad> cases = {
+      {with({{"rope_scaling", {{"rope_type", "fancy"}, {"factor", 2}}}}), "rope_scaling.rope_type", "\"fancy\""},
+      {with({{"rope_scaling", {{"type", "weird"}}}}), "rope_scaling.type", "\"weird\""},
+      {with({{"rope_scaling", {{"rope_type", 7}}}}), "rope_scaling.rope_type", "7"},
+      {with({{"rope_scaling", {{"rope_type", "linear"}, {"factor", "8"}}}}), "rope_scaling.factor", "\"8\""},
+      {with({{"rope_scaling", {{"rope_type", "linear"}, {"factor", 0}}}}), "rope_scaling.factor", "got 0"},
+      {with({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", -4}}}}), "rope_scaling.factor", "-4"},
+      {with({{"rope_scaling", {{"rope_type", "linear"}}}}), "rope_scaling.factor", "nothing"},
+      {with({{"rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2}}}, {"max_position_embeddings", nullptr}}),
+       "max_position_embeddings", "nothing"},
+      {with({{"rope_scaling",
+              {{"rope_type", "llama3"}, {"factor", 8}, {"high_freq_factor", 4}, {"original_max_position_embeddings", 8192}}}}),
+       "rope_scaling.low_freq_factor", "nothing"},
+      {with({{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8}, {"low_freq_factor", -1}, {"high_freq_factor", 4}}}}),
+       "rope_scaling.low_freq_factor", "-1"},
+      {with({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4}, {"beta_fast", -32}}}}), "rope_scaling.beta_fast",
+       "-32"},
+      {with({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4}, {"attention_factor", 0}}}}),
+       "rope_scaling.attention_factor", "got 0"},
+      {with({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4}, {"truncate", "no"}}}}), "rope_scaling.truncate",
+       "\"no\""},
+      {with({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4}, {"original_max_position_embeddings", 0}}}}),
+       "rope_scaling.original_max_position_embeddings", "got 0"},
+      {with({{"rope_scaling", {{"rope_type", "longrope"}, {"short_factor", {1, 1, 1}}, {"long_factor", {1, 1, 1}}}}}),
+       "rope_scaling.short_factor", "3 numbers"},
+      {with({{"rope_scaling", {{"rope_type", "longrope"}, {"long_factor", {1, 1}}}}}), "rope_scaling.short_factor",
+       "nothing"},
+      {with({{"rope_scaling", {{"rope_type", "longrope"}, {"short_factor", {1, 1}}, {"long_factor", {1, -1}}}}}),
+       "rope_scaling.long_factor[1]", "-1"},
+      {with({{"rope_scaling",
+              {{"type", "longrope"}, {"short_factor", {1, 1}}, {"long_factor", {1, 1}}, {"short_mscale", 1.25}}}}),
+       "rope_scaling.short_mscale", "1.25"},
+      {with({{"rope_scaling", {1, 2}}}), "rope_scaling", "[1,2]"},
+      {with({{"rope_theta", "1e4"}}), "rope_theta", "\"1e4\""},
+      {with({{"rope_theta", -10000}}), "rope_theta", "-10000"},
+      {with({{"hidden_size", nullptr}}), "head_dim", "nothing"},
+      {with({{"num_attention_heads", 32.5}}), "num_attention_heads", "32.5"},
+      {with({{"num_attention_heads", -32}}), "num_attention_heads", "-32"},
+      {with({{"head_dim", 0}}), "head_dim", "got 0"},
+      {with({{"partial_rotary_factor", 1.5}}), "partial_rotary_factor", "1.5"},
+      {with({{"head_dim", 10}, {"partial_rotary_factor", 0.5}}), "partial_rotary_factor", "0.5"},
+      {with({{"model_type", "qwen2_vl"}, {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {16, 24, 23}}}}}),
+       "rope_scaling.mrope_section", "[16,24,23]"},
+      {with({{"model_type", "qwen2_vl"}, {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {32, 32}}}}}),
+       "rope_scaling.mrope_section", "[32,32]"},
+      {with({{"model_type", "qwen2_vl"}, {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {"a", 32, 32}}}}}),
+       "rope_scaling.mrope_section[0]", "\"a\""},
+      {with({{"model_type", "qwen3_vl"}, {"rope_scaling", {{"mrope_section", {2, 31, 31}}}}}),
+       "rope_scaling.mrope_section", "[2,31,31]"},
+      {with({{"text_config", "llama"}}), "text_config", "\"llama\""},
+      {Json{{"model_type", "llava"},
+            {"text_config", Json::parse(with({{"rope_scaling", {{"rope_type", "linear"}, {"factor", -1}}}}))}}
+           .dump(),
+       "text_config.rope_scaling.factor", "-1"},
+      {with({{"layer_types", {"full_attention", "sliding_attention"}},
+             {"rope_parameters", {{"full_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}}}}),
+       "rope_parameters.sliding_attention", "nothing"},
+      {with({{"layer_types", {"full_attention", "full_attention"}},
+             {"rope_parameters", {{"full_attention", {{"rope_type", "yarn"}, {"factor", 0}}}}}}),
+       "rope_parameters.full_attention.factor", "got 0"},
+      {with({{"layer_types", {"full_attention", "full_attention", "full_attention"}},
+             {"rope_parameters", {{"full_attention", {{"rope_type", "default"}}}}}}),
+       "layer_types", "num_hidden_layers = 2"},
+      {with({{"layer_types", {"full_attention", 3}}}), "layer_types[1]", "3"},
+      {with({{"model_type", "gemma3_text"}, {"layer_types", {"chunked_attention", "full_attention"}}}),
+       "layer_types[0]", "\"chunked_attention\""},
+      {with({{"no_rope_layers", {1, 0, 1}}}), "no_rope_layers", "[1,0,1]"},
+      {with({{"model_type", "deepseek_v3"}, {"qk_nope_head_dim", 128}}), "qk_rope_head_dim", "nothing"},
+      {with({{"model_type", "bloom"}}), "model_type", "\"bloom\""},
+      {with({{"model_type", "falcon"}, {"alibi", true}}), "model_type", "\"falcon\""},
+      {with({{"rope_parameters", {{"rope_type", "default"}, {"llama_4_scaling_beta", 0.1}}}}),
+       "rope_parameters.original_max_position_embeddings", "nothing"},
+      {"{\"model_type\": \"llama\", \"hidden_size\": 4096,", "the config text", "byte"},
+      {"[1, 2]", "the config", "[1,2]"},
+  };
+  for (const Bad& b : cases) {
+    SCOPED_TRACE(b.text);
+    try {
+      (void)rope::hf::parse(b.text);
+      ADD_FAILURE() << "accepted";
+    } catch (const std::invalid_argument& err) {
+      const std::string msg = err.what();
+      EXPECT_EQ(msg.rfind("rope::hf::parse: ", 0), 0u) << msg;
+      EXPECT_NE(msg.find(b.key), std::string::npos) << "does not name " << b.key << ": " << msg;
+      EXPECT_NE(msg.find(b.value), std::string::npos) << "does not show " << b.value << ": " << msg;
+    }
+  }
+}
+
+TEST(HfConfig, LayersPathsAndPairingOverride) {
+  const auto llama4 = rope::hf::load(config_path("constructed_llama4_nope_temperature.json"));
+  // Layer 3 has no RoPE; layer 8 does not exist.
+  try {
+    (void)llama4.frequencies(3);
+    ADD_FAILURE() << "a NoPE layer gave frequencies";
+  } catch (const std::invalid_argument& err) {
+    EXPECT_NE(std::string(err.what()).find("NoPE"), std::string::npos) << err.what();
+  }
+  try {
+    (void)llama4.layer(8);
+    ADD_FAILURE() << "layer 8 of 8 accepted";
+  } catch (const std::invalid_argument& err) {
+    EXPECT_NE(std::string(err.what()).find("num_layers = 8, got 8"), std::string::npos) << err.what();
+  }
+  // load() names the missing file; parse() and load() read alike.
+  try {
+    (void)rope::hf::load(kData + "/no_such_config.json");
+    ADD_FAILURE() << "a missing file loaded";
+  } catch (const std::invalid_argument& err) {
+    EXPECT_NE(std::string(err.what()).find("no_such_config.json"), std::string::npos) << err.what();
+  }
+  const std::string path = config_path("llama3_1_8b.json");
+  EXPECT_EQ(rope::hf::parse(read_file(path)).frequencies(0).inv_freq, rope::hf::load(path).frequencies(0).inv_freq);
+  // A model type rope does not know gets rotate_half, flagged as assumed,
+  // unless the caller names the pairing.
+  const std::string unknown = R"({"model_type": "my_model", "hidden_size": 512, "num_attention_heads": 8})";
+  EXPECT_FALSE(rope::hf::parse(unknown).style_known);
+  EXPECT_EQ(rope::hf::parse(unknown).style, rope::Style::rotate_half);
+  rope::hf::ParseOptions options;
+  options.style = rope::Style::block_diagonal;
+  EXPECT_EQ(rope::hf::parse(unknown, options).style, rope::Style::block_diagonal);
+  EXPECT_EQ(rope::hf::parse(unknown).rotary_dim, 64u);
+}
+
+}  // namespace
