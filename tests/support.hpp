@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -26,6 +27,20 @@ struct ScalarNames {
     return std::is_same<T, float>::value ? "float" : "double";
   }
 };
+
+// What a checked call throws: the message of its std::invalid_argument, or
+// "out_of_range: " and the message of its std::out_of_range, or "no exception".
+template <class F>
+std::string thrown_message(F&& call) {
+  try {
+    call();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  } catch (const std::out_of_range& e) {
+    return std::string("out_of_range: ") + e.what();
+  }
+  return "no exception";
+}
 
 template <class T>
 std::vector<T> random_vector(std::size_t n, std::uint32_t seed, double scale = 1.0) {

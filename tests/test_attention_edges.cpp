@@ -33,18 +33,6 @@ using rope::Style;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-template <class F>
-std::string message_of(F&& call) {
-  try {
-    call();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  } catch (const std::out_of_range& e) {
-    return std::string("out_of_range: ") + e.what();
-  }
-  return "no exception";
-}
-
 bool all_finite(const Matrix<double>& m) { return m.allFinite(); }
 template <class Row>
 bool has_nan(const Row& row) {
@@ -165,7 +153,7 @@ TEST(AttentionEdges, Eq19RotationWiderThanItsTableIsRefused) {
   const rope::Table<double> narrow(rope::frequencies(4, 10000.0), 8);
   const Matrix<double> f = ra::elu_plus_one(at::random_matrix<double>(l, m, 10));
   const Matrix<double> v = at::random_matrix<double>(l, 2, 11);
-  const auto msg = message_of([&] { ra::linear_eq19(f, f, v, Rotation<double>{&narrow, Style::rotate_half, m}); });
+  const auto msg = rope_test::thrown_message([&] { ra::linear_eq19(f, f, v, Rotation<double>{&narrow, Style::rotate_half, m}); });
   EXPECT_NE(msg.find("feature_rotation.rotary_dim must be <= its table's rotary_dim 4, got 16"), std::string::npos)
       << msg;
 }
@@ -225,7 +213,7 @@ TEST(AttentionEdges, SoftmaxViewsRefuseOverlappingOutputs) {
   Heads<double> out = Heads<double>::filled(l, 2, d, -5.0);
   const auto q_before = q.data, v_before = v.data, out_before = out.data;
   const auto run = [&](rope::View<double> o) {
-    return message_of([&] { ra::softmax<double>(q.view(), k.view(), v.view(), o); });
+    return rope_test::thrown_message([&] { ra::softmax<double>(q.view(), k.view(), v.view(), o); });
   };
   EXPECT_NE(run(q.view()).find("out must be disjoint from q"), std::string::npos);
   EXPECT_NE(run(rope::View<double>(v.data.data(), l, 2, d, d, 0)).find("out.head_stride must be >= 4"),
@@ -233,7 +221,7 @@ TEST(AttentionEdges, SoftmaxViewsRefuseOverlappingOutputs) {
   EXPECT_NE(run(rope::View<double>(out.data.data(), l, 2, d, 2 * d, 0)).find("out.head_stride must be >= 4"),
             std::string::npos);
   const rope::View<double> over_v(v.data.data(), l, 2, 2, d, 2);  // inside v's rows
-  EXPECT_NE(message_of([&] {
+  EXPECT_NE(rope_test::thrown_message([&] {
               ra::softmax<double>(q.view(), k.view(), rope::View<const double>(v.data.data(), l, 1, 2, d, 2), over_v);
             }).find("disjoint from v"),
             std::string::npos);

@@ -238,21 +238,30 @@ TEST(InferenceThreads, SoftmaxBitIdenticalForAnyThreadCount) {
 
 // ---- multi-head linear attention -------------------------------------------
 
+// A grouped-query layer for the linear cases: tensors, FAVOR+ features and
+// the tables of both rotations (d channels pre-phi, m features for eq. 19).
+template <class T>
 struct LinearCase {
-  std::size_t l = 23, hq = 4, hk = 2, d = 8, dv = 4, m = 16;
+  static constexpr std::size_t l = 23, hq = 4, hk = 2, d = 8, dv = 4, m = 16;
+  const rope::Table<T> table{rope::frequencies(d, 10000.0), 64};
+  const rope::Table<T> feature_table{rope::frequencies(m, 10000.0), 64};
+  const Heads<T> q, k, v;
+  const ra::FavorFeatures phi{d, features(m)};
+
+  explicit LinearCase(std::uint32_t seed) : q(l, hq, d, seed), k(l, hk, d, seed + 1), v(l, hk, dv, seed + 2) {}
+  static ra::FavorOptions features(std::size_t count) {
+    ra::FavorOptions fo;
+    fo.features = count;
+    return fo;
+  }
 };
 
 // The multi-head views give each head the one-head call on its rows, for
 // FAVOR+ with pre-phi RoPE and in eq. 19 form, causal or not.
 TYPED_TEST(InferenceTyped, LinearHeadsEqualOneHeadCalls) {
   using T = TypeParam;
-  const LinearCase c;
-  const rope::Table<T> table(rope::frequencies(c.d, 10000.0), 64);
-  const rope::Table<T> feature_table(rope::frequencies(c.m, 10000.0), 64);
-  const Heads<T> q(c.l, c.hq, c.d, 51), k(c.l, c.hk, c.d, 52), v(c.l, c.hk, c.dv, 53);
-  ra::FavorOptions fo;
-  fo.features = c.m;
-  const ra::FavorFeatures phi(c.d, fo);
+  const LinearCase<T> c(51);
+  const auto& [table, feature_table, q, k, v, phi] = c;
   for (const bool causal : {false, true}) {
     ra::LinearOptions o;
     o.causal = causal;
@@ -276,13 +285,8 @@ TYPED_TEST(InferenceTyped, LinearHeadsEqualOneHeadCalls) {
 // per key/value head, equals the one-shot causal call.
 TYPED_TEST(InferenceTyped, LinearChunkedPrefillThenDecodeEqualsOneShot) {
   using T = TypeParam;
-  const LinearCase c;
-  const rope::Table<T> feature_table(rope::frequencies(c.m, 10000.0), 64);
-  const rope::Table<T> table(rope::frequencies(c.d, 10000.0), 64);
-  const Heads<T> q(c.l, c.hq, c.d, 61), k(c.l, c.hk, c.d, 62), v(c.l, c.hk, c.dv, 63);
-  ra::FavorOptions fo;
-  fo.features = c.m;
-  const ra::FavorFeatures phi(c.d, fo);
+  const LinearCase<T> c(61);
+  const auto& [table, feature_table, q, k, v, phi] = c;
   for (const bool eq19 : {true, false}) {
     ra::LinearOptions o;
     o.causal = true;
@@ -320,12 +324,9 @@ TYPED_TEST(InferenceTyped, LinearChunkedPrefillThenDecodeEqualsOneShot) {
 // Packed sequences equal one call per sequence: no attention across them.
 TYPED_TEST(InferenceTyped, LinearSequencesEqualSeparateCalls) {
   using T = TypeParam;
-  const LinearCase c;
+  const LinearCase<T> c(71);
+  const auto& [table, feature_table, q, k, v, phi] = c;
   const std::size_t split = 9;
-  const Heads<T> q(c.l, c.hq, c.d, 71), k(c.l, c.hk, c.d, 72), v(c.l, c.hk, c.dv, 73);
-  ra::FavorOptions fo;
-  fo.features = c.m;
-  const ra::FavorFeatures phi(c.d, fo);
   for (const bool causal : {false, true}) {
     ra::LinearOptions packed;
     packed.causal = causal;
@@ -352,12 +353,8 @@ TYPED_TEST(InferenceTyped, LinearSequencesEqualSeparateCalls) {
 }
 
 TEST(InferenceThreads, LinearBitIdenticalForAnyThreadCount) {
-  const LinearCase c;
-  const Heads<float> q(c.l, c.hq, c.d, 81), k(c.l, c.hk, c.d, 82), v(c.l, c.hk, c.dv, 83);
-  const rope::Table<float> feature_table(rope::frequencies(c.m, 10000.0), 64);
-  ra::FavorOptions fo;
-  fo.features = c.m;
-  const ra::FavorFeatures phi(c.d, fo);
+  const LinearCase<float> c(81);
+  const auto& [table, feature_table, q, k, v, phi] = c;
   for (const bool causal : {false, true}) {
     ra::LinearOptions o;
     o.causal = causal;
@@ -374,13 +371,10 @@ TEST(InferenceThreads, LinearBitIdenticalForAnyThreadCount) {
 }
 
 TEST(InferenceErrors, LinearStatesAreChecked) {
-  const LinearCase c;
-  const Heads<double> q(c.l, c.hq, c.d, 91), k(c.l, c.hk, c.d, 92), v(c.l, c.hk, c.dv, 93);
+  const LinearCase<double> c(91);
+  const auto& [table, feature_table, q, k, v, phi] = c;
   Heads<double> out = Heads<double>::filled(c.l, c.hq, c.dv, -3.0);
   const auto untouched = out.data;
-  ra::FavorOptions fo;
-  fo.features = c.m;
-  const ra::FavorFeatures phi(c.d, fo);
   const auto message = [&](ra::LinearOptions o, std::vector<ra::LinearState<double>>* states) -> std::string {
     try {
       ra::linear<double>(q.view(), k.view(), v.view(), out.view(), phi, o, {}, states);

@@ -451,16 +451,7 @@ TYPED_TEST(LinearTyped, CausalPrefixInvariance) {
 }
 
 TEST(Linear, BadInputThrows) {
-  const auto message = [](auto&& call) -> std::string {
-    try {
-      call();
-    } catch (const std::invalid_argument& e) {
-      return e.what();
-    } catch (const std::out_of_range& e) {
-      return std::string("out_of_range: ") + e.what();
-    }
-    return "no exception";
-  };
+  const auto message = [](auto&& call) { return rope_test::thrown_message(call); };
   const Matrix<double> f3 = positive_features<double>(4, 3, 91), f4 = positive_features<double>(4, 4, 92);
   const Matrix<double> v = at::random_matrix<double>(4, 2, 93);
   const rope::Table<double> table4(rope::frequencies(4, 10000.0), 8);

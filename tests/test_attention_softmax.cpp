@@ -193,16 +193,7 @@ TEST(Softmax, BadInputThrowsAndWritesNothing) {
   const Matrix<double> q = at::random_matrix<double>(4, 8, 61), k = at::random_matrix<double>(5, 8, 62);
   const Matrix<double> v = at::random_matrix<double>(5, 3, 63);
   const Rotation<double> rope{&table, Style::rotate_half};
-  const auto message = [&](auto&& call) -> std::string {
-    try {
-      call();
-    } catch (const std::invalid_argument& e) {
-      return e.what();
-    } catch (const std::out_of_range& e) {
-      return std::string("out_of_range: ") + e.what();
-    }
-    return "no exception";
-  };
+  const auto message = [](auto&& call) { return rope_test::thrown_message(call); };
   using rope::attention::softmax;
   EXPECT_NE(message([&] { softmax(q, Matrix<double>(k.leftCols(6)), v, rope); }).find("k.cols() (the head dimension) must be q.cols() = 8, got 6"),
             std::string::npos);

@@ -12,6 +12,8 @@
 
 #include <rope/frequencies.hpp>
 
+#include "support.hpp"
+
 namespace {
 
 TEST(Frequencies, DefaultScheduleMatchesClosedForm) {
@@ -40,19 +42,10 @@ TEST(Frequencies, DefaultBaseIsTenThousand) {
   EXPECT_NEAR(f.inv_freq[1], std::pow(10000.0, -2.0 / 64), 1e-16);
 }
 
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "(no std::invalid_argument)";
-}
 
 TEST(Frequencies, RejectsOddOrZeroRotaryDimNamingIt) {
   for (std::size_t r : {0u, 1u, 3u, 127u}) {
-    const auto msg = message_of([&] { rope::frequencies(r); });
+    const auto msg = rope_test::thrown_message([&] { rope::frequencies(r); });
     EXPECT_NE(msg.find("rotary_dim"), std::string::npos) << msg;
     EXPECT_NE(msg.find(std::to_string(r)), std::string::npos) << msg;
   }
@@ -60,7 +53,7 @@ TEST(Frequencies, RejectsOddOrZeroRotaryDimNamingIt) {
 
 TEST(Frequencies, RejectsBaseAtOrBelowOneNamingIt) {
   for (double base : {1.0, 0.5, 0.0, -10.0, std::nan(""), double(INFINITY)}) {
-    const auto msg = message_of([&] { rope::frequencies(64, base); });
+    const auto msg = rope_test::thrown_message([&] { rope::frequencies(64, base); });
     EXPECT_NE(msg.find("base"), std::string::npos) << msg;
   }
 }
@@ -512,7 +505,7 @@ TEST(Scaling, CustomIsTakenAsGiven) {
 // The message names the field and shows the value after "got ".
 void expect_rejects(const Scaling& s, const std::string& field, const std::string& value,
                     std::size_t rotary_dim = 64, std::size_t seq_len = 0) {
-  const auto msg = message_of([&] { rope::frequencies(rotary_dim, 10000.0, s, seq_len); });
+  const auto msg = rope_test::thrown_message([&] { rope::frequencies(rotary_dim, 10000.0, s, seq_len); });
   EXPECT_NE(msg.find(field), std::string::npos) << "field " << field << ": " << msg;
   EXPECT_NE(msg.find("got " + value), std::string::npos) << "value " << value << ": " << msg;
 }
@@ -570,7 +563,7 @@ TEST(Scaling, RejectsEachInvalidFieldNamingItAndItsValue) {
 TEST(Scaling, RotaryDimAndBaseAreCheckedWhateverTheVariant) {
   EXPECT_THROW(rope::frequencies(63, 10000.0, scaling::Linear{2.0}), std::invalid_argument);
   EXPECT_THROW(rope::frequencies(0, 10000.0, yarn(4.0, 4096)), std::invalid_argument);
-  const auto msg = message_of([] { rope::frequencies(64, 0.5, scaling::Llama3{}); });
+  const auto msg = rope_test::thrown_message([] { rope::frequencies(64, 0.5, scaling::Llama3{}); });
   EXPECT_NE(msg.find("base"), std::string::npos) << msg;
   EXPECT_NE(msg.find("got 0.5"), std::string::npos) << msg;
 }

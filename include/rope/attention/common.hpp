@@ -208,33 +208,16 @@ std::size_t rotary_width(const char* fn, const char* name, const Rotation<T>& ro
   return r;
 }
 
-// Rotates `rows` rows of `width` values in place, row r at x + r * stride at
-// position positions[r] (already checked); channels past rotary_dim stay.
+// Rotates every row (token) of x in place, row r at position positions[r]
+// (already checked against the table); channels past rotary_dim stay.
 template <class T>
-void rotate_rows_at(T* x, std::size_t stride, std::size_t rows, const Rotation<T>& rotation, std::size_t rotary_dim,
+void rotate_rows_at(Matrix<T>& x, const Rotation<T>& rotation, std::size_t rotary_dim,
                     const std::int64_t* positions) noexcept {
   if (rotation.table == nullptr || rotary_dim == 0) return;
   with_style(rotation.style, [&](auto s) {
-    for (std::size_t r = 0; r < rows; ++r) {
+    for (Eigen::Index r = 0; r < x.rows(); ++r) {
       const auto m = static_cast<std::size_t>(positions[r]);
-      T* row = x + r * stride;
-      rotate_heads<decltype(s)::value, T>(row, 0, row, 0, 1, rotation.table->cos(m), rotation.table->sin(m),
-                                          rotary_dim);
-    }
-  });
-}
-
-// Rotates every row (token) of x in place by its position (already
-// checked); row i of x is token first + i of `visibility`'s queries (or keys).
-template <class T>
-void rotate_matrix(Matrix<T>& x, const Rotation<T>& rotation, std::size_t rotary_dim, const std::int64_t* ids,
-                   std::int64_t offset, Eigen::Index first = 0) {
-  if (rotation.table == nullptr || rotary_dim == 0) return;
-  with_style(rotation.style, [&](auto s) {
-    for (Eigen::Index i = 0; i < x.rows(); ++i) {
-      const std::size_t t = static_cast<std::size_t>(first + i);
-      const auto m = static_cast<std::size_t>(ids ? ids[t] : offset + static_cast<std::int64_t>(t));
-      T* row = x.row(i).data();
+      T* row = x.row(r).data();
       rotate_heads<decltype(s)::value, T>(row, 0, row, 0, 1, rotation.table->cos(m), rotation.table->sin(m),
                                           rotary_dim);
     }

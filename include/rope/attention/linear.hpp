@@ -217,26 +217,19 @@ struct FeatureMap {
   // Query rows x (gathered, modified) at positions pos: numerator and
   // denominator features (den untouched unless eq. 19).
   void queries(Matrix<T>& x, const std::int64_t* pos, Matrix<T>& num, Matrix<T>& den) const {
-    rotate_rows_at(x.data(), static_cast<std::size_t>(x.cols()), static_cast<std::size_t>(x.rows()), pre_phi,
-                   pre_phi_dim, pos);
+    rotate_rows_at(x, pre_phi, pre_phi_dim, pos);
     if (phi) {
       num = phi->queries(x);
     } else {
       num.swap(x);
     }
-    if (eq19()) {
-      den = num;
-      rotate_rows_at(num.data(), static_cast<std::size_t>(num.cols()), static_cast<std::size_t>(num.rows()),
-                     feature_rotation, static_cast<std::size_t>(num.cols()), pos);
-      if (eq19_rescale != T(1)) num *= eq19_rescale;
-    }
+    rotate_numerator(num, den, pos, eq19_rescale);
   }
   // Key rows: numerator and denominator features and, for causal FAVOR+,
   // the log scales (else log_scale is left empty).
   void keys(Matrix<T>& x, const std::int64_t* pos, bool causal, Matrix<T>& num, Matrix<T>& den,
             Vector<T>& log_scale) const {
-    rotate_rows_at(x.data(), static_cast<std::size_t>(x.cols()), static_cast<std::size_t>(x.rows()), pre_phi,
-                   pre_phi_dim, pos);
+    rotate_rows_at(x, pre_phi, pre_phi_dim, pos);
     log_scale.resize(0);
     if (scaled_keys(causal)) {
       ScaledFeatures<T> sf = phi->scaled_keys(x);
@@ -247,11 +240,17 @@ struct FeatureMap {
     } else {
       num.swap(x);
     }
-    if (eq19()) {
-      den = num;
-      rotate_rows_at(num.data(), static_cast<std::size_t>(num.cols()), static_cast<std::size_t>(num.rows()),
-                     feature_rotation, static_cast<std::size_t>(num.cols()), pos);
-    }
+    rotate_numerator(num, den, pos, T(1));
+  }
+
+ private:
+  // Eq. 19: the denominator keeps the features, the numerator's are rotated
+  // over all m (the queries' also rescaled by 1/attention_factor^2).
+  void rotate_numerator(Matrix<T>& num, Matrix<T>& den, const std::int64_t* pos, T rescale) const {
+    if (!eq19()) return;
+    den = num;
+    rotate_rows_at(num, feature_rotation, static_cast<std::size_t>(num.cols()), pos);
+    if (rescale != T(1)) num *= rescale;
   }
 };
 
