@@ -195,6 +195,38 @@ TYPED_TEST(InferenceTyped, SoftmaxStepsEqualOneShot) {
   EXPECT_TRUE(at::same_bytes(before, k_cache.data));
 }
 
+// softmax_step with positions given for the new tokens (a gap after the
+// prompt) and with the cache starting at k_offset: the same as one call
+// with those positions.
+TYPED_TEST(InferenceTyped, SoftmaxStepsWithGivenPositions) {
+  using T = TypeParam;
+  const std::size_t l = 12, hq = 2, hk = 1, d = 8, dv = 4, prompt = 9;
+  const rope::Table<T> table(rope::frequencies(d, 10000.0), 64);
+  const Rotation<T> rotation{&table, Style::block_diagonal};
+  const Heads<T> q(l, hq, d, 24), k(l, hk, d, 25), v(l, hk, dv, 26);
+  std::vector<std::int64_t> positions(l);
+  for (std::size_t t = 0; t < l; ++t) positions[t] = static_cast<std::int64_t>(t < prompt ? 3 + t : 30 + t);
+  ra::SoftmaxOptions o;
+  o.causal = true;
+  o.q_positions = o.k_positions = positions;
+  Heads<T> full(l, hq, dv, 0);
+  ra::softmax<T>(q.view(), k.view(), v.view(), full.view(), rotation, o);
+
+  Heads<T> k_cache(l, hk, d, 0), v_cache(l, hk, dv, 0), out(l, hq, dv, 0);
+  ra::KvCache<T> cache{k_cache.view(), v_cache.view(), 0};
+  ra::SoftmaxOptions step;
+  step.causal = true;
+  step.k_offset = 3;  // the prompt's positions 3 .. 11, from the offset
+  ra::softmax_step<T>(q.view().slice_tokens(0, prompt), k.view().slice_tokens(0, prompt),
+                      v.view().slice_tokens(0, prompt), cache, out.view().slice_tokens(0, prompt), rotation, step);
+  for (std::size_t t = prompt; t < l; ++t) {
+    step.q_positions = {positions[t]};  // past a gap: given
+    ra::softmax_step<T>(q.view().slice_tokens(t, 1), k.view().slice_tokens(t, 1), v.view().slice_tokens(t, 1), cache,
+                        out.view().slice_tokens(t, 1), rotation, step);
+  }
+  for (std::size_t h = 0; h < hq; ++h) EXPECT_LE(at::relative_error(out.head(h), full.head_ld(h)), 20 * tolerance<T>());
+}
+
 // K given already rotated equals K rotated inside.
 TYPED_TEST(InferenceTyped, KeysRotatedEqualsRotatingInside) {
   using T = TypeParam;

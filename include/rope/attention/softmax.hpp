@@ -434,13 +434,16 @@ struct KvCache {
   std::size_t length = 0;
 };
 
-// One step of prefill or decode: rotates q and k_new by their positions
-// (default: cache.length + t), writes the rotated k_new and v_new into the
-// cache at tokens [length, length + n), then attends q over the cache's
-// length + n keys (set options.causal for a decoder's prefill chunks; a
-// one-token step sees the whole cache either way) and advances cache.length. K is rotated once, where the cache keeps it; no key is ever
-// re-rotated. options.k_positions, if given, holds the positions of all
-// length + n cached keys; options.keys_rotated is implied.
+// One step of prefill or decode: rotates q and k_new by their tokens'
+// positions, writes the rotated k_new and v_new into the cache at tokens
+// [length, length + n), then attends q over the cache's length + n keys and
+// advances cache.length. K is rotated once, where the cache keeps it; no key
+// is ever re-rotated (options.keys_rotated is implied). Set options.causal
+// for a decoder (a one-token step sees the whole cache either way).
+// Positions: cache token j sits at options.k_offset + j, so the new tokens
+// are at k_offset + length + t, unless options.q_positions gives the new
+// tokens' positions (their keys take the same ones) or options.k_positions
+// gives all length + n keys' positions; options.q_offset is not used.
 template <class T>
 void softmax_step(rope::detail::type_identity_t<View<const T>> q, rope::detail::type_identity_t<View<const T>> k_new,
                   rope::detail::type_identity_t<View<const T>> v_new, KvCache<T>& cache, View<T> out,
@@ -484,27 +487,30 @@ void softmax_step(rope::detail::type_identity_t<View<const T>> q, rope::detail::
   check_disjoint(fn, "cache.v", cache.v, "q", q);
   check_disjoint(fn, "out", out, "k_new", k_new);
   check_disjoint(fn, "out", out, "v_new", v_new);
+  // Contiguous positions (nothing given) need no vector: the common decode step.
+  const bool contiguous = options.q_positions.empty() && options.k_positions.empty();
   if (options.q_positions.empty()) {
-    if (cache.length > static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max() - options.q_offset)) {
-      fail(fn, "cache.length", "small enough for positions to fit in int64", cache.length);
+    if (options.k_offset > std::numeric_limits<std::int64_t>::max() - static_cast<std::int64_t>(total)) {
+      fail(fn, "options.k_offset + cache.length + k_new.tokens", "small enough for positions to fit in int64",
+           options.k_offset);
     }
-    options.q_offset += static_cast<std::int64_t>(cache.length);
+    options.q_offset = options.k_offset + static_cast<std::int64_t>(cache.length);
   }
   options.keys_rotated = true;
   const auto plan = detail::check_softmax<T>(fn, n, total, q.head_dim, rotation, options);
-  // The new keys' positions: the queries' own unless k_positions says.
+  // The new keys' positions: their queries' own unless k_positions says.
   std::vector<std::int64_t> new_positions(n);
   for (std::size_t t = 0; t < n; ++t) {
     new_positions[t] = options.k_positions.empty() ? plan.visibility.q_position(t) : options.k_positions[cache.length + t];
   }
-  if (!options.k_positions.empty() || !options.q_positions.empty()) {
-    detail::check_table_positions(fn, "the new keys' positions", rotation.table, new_positions.data(), 0, n);
-  }
+  detail::check_table_positions(fn, "the new keys' positions", rotation.table, new_positions.data(), 0, n);
   detail::SoftmaxPlan<T> attend = plan;
-  if (options.k_positions.empty()) {
-    // Cached keys sit at 0 .. length-1 and the new ones where the queries are.
+  if (!contiguous && options.k_positions.empty()) {
+    // Cached keys at k_offset + j, the new ones where their queries are.
     options.k_positions.resize(total);
-    for (std::size_t j = 0; j < cache.length; ++j) options.k_positions[j] = static_cast<std::int64_t>(j);
+    for (std::size_t j = 0; j < cache.length; ++j) {
+      options.k_positions[j] = options.k_offset + static_cast<std::int64_t>(j);
+    }
     std::copy(new_positions.begin(), new_positions.end(), options.k_positions.begin() + cache.length);
     attend.visibility.k_ids = options.k_positions.data();
     attend.sorted = attend.visibility.keys_sorted(total);
