@@ -37,8 +37,10 @@
 #include <vector>
 
 #include <Eigen/Core>
+#include <xsimd/xsimd.hpp>
 
 #include "../detail/prefetch.hpp"
+#include "../detail/simd.hpp"
 #include "../view.hpp"
 #include "common.hpp"
 
@@ -59,6 +61,41 @@ struct SoftmaxOptions {
 };
 
 namespace detail {
+
+// The row-by-row tile of a few query rows (a decode step), with xsimd:
+// scores[r] = q_r . key for `rows` query rows of d values (q contiguous,
+// row r at q + r * d), and acc_r += weight_r * value for each row.
+template <class T, class Arch = xsimd::default_arch>
+void dot_rows(const T* q, std::size_t rows, std::size_t d, const T* key, T* scores, std::size_t score_stride) noexcept {
+  using B = xsimd::batch<T, Arch>;
+  constexpr std::size_t n = B::size;
+  const std::size_t full = d - d % n;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const T* qr = q + r * d;
+    B sum(T(0));
+    for (std::size_t c = 0; c < full; c += n) sum = xsimd::fma(B::load_unaligned(qr + c), B::load_unaligned(key + c), sum);
+    T total = rope::detail::sum_lanes(sum);
+    for (std::size_t c = full; c < d; ++c) total += qr[c] * key[c];
+    scores[r * score_stride] = total;
+  }
+}
+
+template <class T, class Arch = xsimd::default_arch>
+void axpy_rows(const T* weights, std::size_t weight_stride, std::size_t rows, const T* value, std::size_t dv, T* acc,
+               std::size_t acc_stride) noexcept {
+  using B = xsimd::batch<T, Arch>;
+  constexpr std::size_t n = B::size;
+  const std::size_t full = dv - dv % n;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const T w = weights[r * weight_stride];
+    T* ar = acc + r * acc_stride;
+    const B wb(w);
+    for (std::size_t c = 0; c < full; c += n) {
+      xsimd::fma(wb, B::load_unaligned(value + c), B::load_unaligned(ar + c)).store_unaligned(ar + c);
+    }
+    for (std::size_t c = full; c < dv; ++c) ar[c] += w * value[c];
+  }
+}
 
 template <class T>
 struct SoftmaxPlan {
@@ -108,22 +145,33 @@ SoftmaxPlan<T> check_softmax(const char* fn, std::size_t lq, std::size_t lk, std
   return plan;
 }
 
+// The running state of one key/value head's query rows in a tile.
+template <class T>
+struct HeadRows {
+  Matrix<T> q;    // rows x d: the group's queries, rotated and scaled
+  Matrix<T> acc;  // rows x dv
+  Vector<T> row_max, row_sum;
+};
+
 // The buffers one thread reuses for every tile it computes (allocated once
 // per call, before any thread starts).
 template <class T>
 struct SoftmaxWorkspace {
-  Matrix<T> q;        // tile rows x d: the group's queries, rotated and scaled
-  Matrix<T> scores;   // tile rows x block
-  Matrix<T> acc;      // tile rows x dv
-  Vector<T> row_max, row_sum;
-  Matrix<T> keys;     // Lk x d: the rotated keys of one key/value head
+  std::vector<HeadRows<T>> heads;  // one per key/value head of the item
+  Matrix<T> scores;                // rows x block (all heads' rows, row by row)
+  std::vector<ConstRowsMap<T>> key_maps;
+  Matrix<T> keys;                  // Lk x d: the rotated keys of one key/value head
   std::size_t keys_of_head = static_cast<std::size_t>(-1);
   std::vector<std::size_t> lo, hi;  // each token's visible key range (sorted keys)
   std::vector<unsigned char> seen;  // per token: some key was visible
 };
 
-// One tile: query tokens [t0, t1) of key/value head g, all `group` query
-// heads of the group stacked token-major (row = token * group + head).
+// One work item: query tokens [t0, t1) of key/value heads [g0, g1). The
+// `group` query heads of a key/value head are stacked token-major (row =
+// token * group + head). Every head of the item meets each key tile in turn,
+// so a KV cache [tokens, heads, d] is read in memory order, a token's heads
+// together, whatever the item's number of heads: results per head do not
+// depend on it.
 template <class T>
 class SoftmaxTile {
  public:
@@ -132,23 +180,27 @@ class SoftmaxTile {
               SoftmaxWorkspace<T>& ws)
       : q_(q), k_(k), v_(v), out_(out), rotation_(rotation), o_(o), plan_(plan), ws_(ws) {}
 
-  void run(std::size_t g, std::size_t t0, std::size_t t1) {
+  void run(std::size_t g0, std::size_t g1, std::size_t t0, std::size_t t1) {
     group_ = q_.heads / k_.heads;
-    g_ = g;
+    g0_ = g0;
     t0_ = t0;
     tokens_ = t1 - t0;
     const auto rows = static_cast<Eigen::Index>(tokens_ * group_);
-    const auto d = static_cast<Eigen::Index>(q_.head_dim), dv = static_cast<Eigen::Index>(v_.head_dim);
-    load_queries(rows, d);
-    bind_keys(d);
-    ws_.acc.setZero(rows, dv);
-    ws_.row_max.setConstant(rows, -std::numeric_limits<T>::infinity());
-    ws_.row_sum.setZero(rows);
+    const auto dv = static_cast<Eigen::Index>(v_.head_dim);
+    ws_.heads.resize(g1 - g0);
+    for (std::size_t i = 0; i < g1 - g0; ++i) {
+      HeadRows<T>& head = ws_.heads[i];
+      load_queries(g0 + i, head);
+      head.acc.setZero(rows, dv);
+      head.row_max.setConstant(rows, -std::numeric_limits<T>::infinity());
+      head.row_sum.setZero(rows);
+    }
     ws_.seen.assign(tokens_, 0);
     const std::size_t lk = k_.tokens;
+    thin_ = static_cast<std::size_t>(rows) <= kThinRows;
     const std::size_t bk = std::min(o_.block, std::max<std::size_t>(lk, 1));
     if (!plan_.visibility.masks()) {
-      for (std::size_t j0 = 0; j0 < lk; j0 += bk) tile(j0, std::min(bk, lk - j0), false);
+      sweep(0, lk, bk, false);
       std::fill(ws_.seen.begin(), ws_.seen.end(), lk > 0 ? 1 : 0);
     } else if (plan_.sorted) {
       // Keys every token of the tile sees (full) and the ragged ends.
@@ -179,47 +231,57 @@ class SoftmaxTile {
       for (std::size_t t = 0; t < tokens_; ++t) {
         for (std::size_t j = 0; j < lk && !ws_.seen[t]; ++j) ws_.seen[t] = plan_.visibility.visible(t0_ + t, j);
       }
-      for (std::size_t j0 = 0; j0 < lk; j0 += bk) tile(j0, std::min(bk, lk - j0), true);
+      sweep(0, lk, bk, true);
     }
-    write_out(rows);
+    for (std::size_t i = 0; i < g1 - g0; ++i) write_out(g0 + i, ws_.heads[i]);
   }
 
+  // Whether K is read in place (not rotated into the workspace first).
+  static bool keys_in_place(const Rotation<T>& rotation, const SoftmaxOptions& o, const SoftmaxPlan<T>& plan) {
+    return rotation.table == nullptr || plan.rotary_dim == 0 || o.keys_rotated;
+  }
+  // Query rows per head up to which a tile is computed row by row rather
+  // than by GEMM, and how many tokens ahead that pass prefetches.
+  static constexpr std::size_t kThinRows = 8;
+  static constexpr std::size_t kAhead = 2;
+
  private:
-  // The group's queries, rotated at their positions and scaled once.
-  void load_queries(Eigen::Index rows, Eigen::Index d) {
-    ws_.q.resize(rows, d);
+  // The group's queries of head g, rotated at their positions and scaled once.
+  void load_queries(std::size_t g, HeadRows<T>& head) {
+    const auto d = static_cast<Eigen::Index>(q_.head_dim);
+    head.q.resize(static_cast<Eigen::Index>(tokens_ * group_), d);
     for (std::size_t t = 0; t < tokens_; ++t) {
       for (std::size_t h = 0; h < group_; ++h) {
-        std::memcpy(ws_.q.row(static_cast<Eigen::Index>(t * group_ + h)).data(), q_.row(t0_ + t, g_ * group_ + h),
+        std::memcpy(head.q.row(static_cast<Eigen::Index>(t * group_ + h)).data(), q_.row(t0_ + t, g * group_ + h),
                     static_cast<std::size_t>(d) * sizeof(T));
       }
       if (rotation_.table != nullptr && plan_.rotary_dim > 0) {
         const auto m = static_cast<std::size_t>(plan_.visibility.q_position(t0_ + t));
-        T* first = ws_.q.row(static_cast<Eigen::Index>(t * group_)).data();
+        T* first = head.q.row(static_cast<Eigen::Index>(t * group_)).data();
         with_style(rotation_.style, [&](auto s) {
           rotate_heads<decltype(s)::value, T>(first, d, first, d, group_, rotation_.table->cos(m),
                                               rotation_.table->sin(m), plan_.rotary_dim);
         });
       }
     }
-    ws_.q *= plan_.scale;  // one pass over Q instead of one over every score tile
+    head.q *= plan_.scale;  // one pass over Q instead of one over every score tile
   }
 
-  // K of head g: rotated once into the workspace, or read in place.
-  void bind_keys(Eigen::Index d) {
+  // K of head g: rotated once into the workspace (an item of one head), or
+  // read in place.
+  ConstRowsMap<T> keys_of(std::size_t g, std::size_t j0, std::size_t n) {
     const std::size_t lk = k_.tokens;
-    const bool rotate = rotation_.table != nullptr && plan_.rotary_dim > 0 && !o_.keys_rotated;
-    if (!rotate) {
-      keys_data_ = k_.data + g_ * k_.head_stride;
-      keys_stride_ = lk > 1 ? static_cast<Eigen::Index>(k_.token_stride) : d;
-      return;
+    const auto d = static_cast<Eigen::Index>(k_.head_dim);
+    if (keys_in_place(rotation_, o_, plan_)) {
+      const Eigen::Index stride = lk > 1 ? static_cast<Eigen::Index>(k_.token_stride) : d;
+      return ConstRowsMap<T>(k_.row(j0, g), static_cast<Eigen::Index>(n), d, Eigen::OuterStride<>(stride));
     }
-    if (ws_.keys_of_head != g_) {
+    if (ws_.keys_of_head != g) {
       ws_.keys.resize(static_cast<Eigen::Index>(lk), d);
       with_style(rotation_.style, [&](auto s) {
         for (std::size_t j = 0; j < lk; ++j) {
           T* row = ws_.keys.row(static_cast<Eigen::Index>(j)).data();
-          const T* src = k_.row(j, g_);
+          const T* src = k_.row(j, g);
           const auto m = static_cast<std::size_t>(plan_.visibility.k_position(j));
           rotate_heads<decltype(s)::value, T>(src, 0, row, 0, 1, rotation_.table->cos(m), rotation_.table->sin(m),
                                               plan_.rotary_dim);
@@ -229,114 +291,170 @@ class SoftmaxTile {
           }
         }
       });
-      ws_.keys_of_head = g_;
+      ws_.keys_of_head = g;
     }
-    keys_data_ = ws_.keys.data();
-    keys_stride_ = d;
+    return ConstRowsMap<T>(ws_.keys.row(static_cast<Eigen::Index>(j0)).data(), static_cast<Eigen::Index>(n), d,
+                           Eigen::OuterStride<>(d));
+  }
+
+  ConstRowsMap<T> values_of(std::size_t g, std::size_t j0, std::size_t n) const {
+    const std::size_t stride = k_.tokens > 1 ? v_.token_stride : v_.head_dim;
+    return ConstRowsMap<T>(v_.row(j0, g), static_cast<Eigen::Index>(n), static_cast<Eigen::Index>(v_.head_dim),
+                           Eigen::OuterStride<>(static_cast<Eigen::Index>(stride)));
   }
 
   void sweep(std::size_t begin, std::size_t end, std::size_t bk, bool partial) {
-    for (std::size_t j0 = begin; j0 < end; j0 += bk) tile(j0, std::min(bk, end - j0), partial);
+    for (std::size_t j0 = begin; j0 < end; j0 += bk) {
+      const std::size_t n = std::min(bk, end - j0);
+      if (partial && !any_visible(j0, n)) continue;
+      if (thin_) {
+        thin_tile(j0, n, partial);
+      } else {
+        for (std::size_t i = 0; i < ws_.heads.size(); ++i) tile(g0_ + i, ws_.heads[i], j0, n, partial);
+      }
+    }
   }
 
   bool visible(std::size_t t, std::size_t j) const noexcept {
     if (plan_.sorted) return j >= ws_.lo[t] && j < ws_.hi[t];
     return plan_.visibility.visible(t0_ + t, j);
   }
+  bool any_visible(std::size_t j0, std::size_t n) const noexcept {
+    for (std::size_t t = 0; t < tokens_; ++t) {
+      for (std::size_t j = j0; j < j0 + n; ++j) {
+        if (visible(t, j)) return true;
+      }
+    }
+    return false;
+  }
 
-  // Keys [j0, j0 + n): scores, running max and sum, and the weighted values.
-  void tile(std::size_t j0, std::size_t n, bool partial) {
-    const auto rows = ws_.q.rows(), d = ws_.q.cols();
+  // Keys [j0, j0 + n) of head g by GEMM: scores, running max and sum, and
+  // the weighted values.
+  void tile(std::size_t g, HeadRows<T>& head, std::size_t j0, std::size_t n, bool partial) {
+    const ConstRowsMap<T> keys = keys_of(g, j0, n);
+    const ConstRowsMap<T> values = values_of(g, j0, n);
+    ws_.scores.noalias() = head.q * keys.transpose();
+    Eigen::Ref<Matrix<T>> s(ws_.scores);
+    update(head, s, j0, n, partial);
+    if (!partial || values.allFinite()) {
+      head.acc.noalias() += ws_.scores * values;
+    } else {
+      accumulate_visible(head, s, values, j0, n);
+    }
+  }
+
+  // A few query rows per head (a decode step): keys [j0, j0 + n) of every
+  // head of the item, one token at a time, a token's heads together, as a
+  // token-major cache holds them; dot products and weighted sums row by row
+  // instead of GEMMs whose packing would cost more than their arithmetic.
+  void thin_tile(std::size_t j0, std::size_t n, bool partial) {
+    const std::size_t heads = ws_.heads.size();
+    const auto rows = ws_.heads[0].q.rows(), d = ws_.heads[0].q.cols();
     const auto bn = static_cast<Eigen::Index>(n);
-    if (partial) {
-      bool any = false;
-      for (std::size_t t = 0; t < tokens_ && !any; ++t) {
-        for (std::size_t j = j0; j < j0 + n && !any; ++j) any = visible(t, j);
+    ws_.key_maps.clear();
+    for (std::size_t i = 0; i < heads; ++i) ws_.key_maps.push_back(keys_of(g0_ + i, j0, n));
+    ws_.scores.resize(static_cast<Eigen::Index>(heads) * rows, bn);
+    for (Eigen::Index j = 0; j < bn; ++j) {
+      prefetch_token(j0 + static_cast<std::size_t>(j) + kAhead, true);
+      for (std::size_t i = 0; i < heads; ++i) {
+        dot_rows(ws_.heads[i].q.data(), static_cast<std::size_t>(rows), static_cast<std::size_t>(d),
+                 ws_.key_maps[i].row(j).data(), &ws_.scores(static_cast<Eigen::Index>(i) * rows, j),
+                 static_cast<std::size_t>(bn));
       }
-      if (!any) return;
     }
-    const ConstRowsMap<T> keys(keys_data_ + static_cast<Eigen::Index>(j0) * keys_stride_, bn, d,
-                               Eigen::OuterStride<>(keys_stride_));
-    const std::size_t v_stride = k_.tokens > 1 ? v_.token_stride : v_.head_dim;
-    const ConstRowsMap<T> values(v_.data + g_ * v_.head_stride + j0 * v_stride, bn,
-                                 static_cast<Eigen::Index>(v_.head_dim),
-                                 Eigen::OuterStride<>(static_cast<Eigen::Index>(v_stride)));
-    prefetch_next(j0 + n, n, d);
-    ws_.scores.resize(rows, bn);
-    auto& s = ws_.scores;
-    s.noalias() = ws_.q * keys.transpose();
+    for (std::size_t i = 0; i < heads; ++i) {
+      Eigen::Ref<Matrix<T>> s(ws_.scores.middleRows(static_cast<Eigen::Index>(i) * rows, rows));
+      update(ws_.heads[i], s, j0, n, partial);
+      if (partial) accumulate_visible(ws_.heads[i], s, values_of(g0_ + i, j0, n), j0, n);
+    }
+    if (partial) return;
+    for (Eigen::Index j = 0; j < bn; ++j) {
+      prefetch_token(j0 + static_cast<std::size_t>(j) + kAhead, false);
+      for (std::size_t i = 0; i < heads; ++i) {
+        HeadRows<T>& head = ws_.heads[i];
+        axpy_rows(&ws_.scores(static_cast<Eigen::Index>(i) * rows, j), static_cast<std::size_t>(bn),
+                  static_cast<std::size_t>(rows), v_.row(j0 + static_cast<std::size_t>(j), g0_ + i), v_.head_dim,
+                  head.acc.data(), static_cast<std::size_t>(head.acc.cols()));
+      }
+    }
+  }
+
+  // Masks the scores s of one head's rows, then the online softmax step:
+  // new running max, exp(s - max) in place, the correction of what was
+  // accumulated so far, the running sums. A row with nothing visible yet
+  // keeps the shift 0, so that exp(-inf - 0) is 0 rather than NaN.
+  void update(HeadRows<T>& head, Eigen::Ref<Matrix<T>> s, std::size_t j0, std::size_t n, bool partial) {
     const T neg_inf = -std::numeric_limits<T>::infinity();
-    if (partial) {
-      for (std::size_t t = 0; t < tokens_; ++t) {
-        for (std::size_t j = 0; j < n; ++j) {
-          if (!visible(t, j0 + j)) s.block(static_cast<Eigen::Index>(t * group_), static_cast<Eigen::Index>(j),
-                                           static_cast<Eigen::Index>(group_), 1).setConstant(neg_inf);
-        }
-      }
-    }
-    // New running max, then exp(s - max) in place and the correction of
-    // what was accumulated so far. A row with nothing visible yet keeps the
-    // shift 0, so that exp(-inf - 0) is 0 rather than NaN.
-    for (Eigen::Index r = 0; r < rows; ++r) {
-      const T old_max = ws_.row_max[r];
+    if (partial) mask(s, j0, n, neg_inf);
+    for (Eigen::Index r = 0; r < s.rows(); ++r) {
+      const T old_max = head.row_max[r];
       const T new_max = std::max(old_max, s.row(r).maxCoeff());
       const T shift = new_max == neg_inf ? T(0) : new_max;
       s.row(r) = (s.row(r).array() - shift).exp().matrix();
       const T correction = (old_max == neg_inf || new_max == neg_inf) ? T(old_max == neg_inf ? 0 : 1)
                                                                       : std::exp(old_max - new_max);
-      if (new_max != neg_inf) ws_.row_max[r] = new_max;
-      ws_.row_sum[r] = ws_.row_sum[r] * correction;
-      if (correction != T(1)) ws_.acc.row(r) *= correction;
+      if (new_max != neg_inf) head.row_max[r] = new_max;
+      head.row_sum[r] = head.row_sum[r] * correction;
+      if (correction != T(1)) head.acc.row(r) *= correction;
     }
-    if (partial) {
-      // A vectorised exp need not return exactly 0 for -inf (Eigen's double
-      // exp clamps to ~5e-309): masked weights are set to 0 here.
-      for (std::size_t t = 0; t < tokens_; ++t) {
-        for (std::size_t j = 0; j < n; ++j) {
-          if (!visible(t, j0 + j)) s.block(static_cast<Eigen::Index>(t * group_), static_cast<Eigen::Index>(j),
-                                           static_cast<Eigen::Index>(group_), 1).setZero();
-        }
-      }
-    }
-    ws_.row_sum += s.rowwise().sum();
-    if (!partial || values.allFinite()) {
-      ws_.acc.noalias() += s * values;
-      return;
-    }
-    // A masked key's value is not finite: 0 * NaN would leak it into rows
-    // that must not see it, so each row sums over its visible keys alone.
+    // A vectorised exp need not return exactly 0 for -inf (Eigen's double
+    // exp clamps to ~5e-309): masked weights are set to 0 here.
+    if (partial) mask(s, j0, n, T(0));
+    head.row_sum += s.rowwise().sum();
+  }
+
+  // The weighted values of the visible keys only: a masked entry is left out,
+  // never multiplied by zero, so that a masked key's value that is not finite
+  // cannot leak into rows that must not see it.
+  void accumulate_visible(HeadRows<T>& head, const Eigen::Ref<Matrix<T>>& s, const ConstRowsMap<T>& values,
+                          std::size_t j0, std::size_t n) {
     for (std::size_t t = 0; t < tokens_; ++t) {
       for (std::size_t j = 0; j < n; ++j) {
         if (!visible(t, j0 + j)) continue;
         const auto jj = static_cast<Eigen::Index>(j);
         for (std::size_t h = 0; h < group_; ++h) {
           const auto r = static_cast<Eigen::Index>(t * group_ + h);
-          ws_.acc.row(r) += s(r, jj) * values.row(jj);
+          head.acc.row(r) += s(r, jj) * values.row(jj);
         }
       }
     }
   }
 
-  // The next tile's K (when read in place) and V rows: one head of a KV
-  // cache is rows a whole token apart, which the hardware prefetchers do
-  // not follow across pages. They arrive while this tile computes.
-  void prefetch_next(std::size_t j0, std::size_t n, Eigen::Index d) const noexcept {
-    if (j0 >= k_.tokens) return;
-    n = std::min(n, k_.tokens - j0);
-    if (keys_data_ != ws_.keys.data()) {
-      rope::detail::prefetch_rows(keys_data_ + static_cast<Eigen::Index>(j0) * keys_stride_, n,
-                                  static_cast<std::size_t>(keys_stride_) * sizeof(T), static_cast<std::size_t>(d) * sizeof(T));
+  // Sets the entries of masked keys to `value`.
+  void mask(Eigen::Ref<Matrix<T>> s, std::size_t j0, std::size_t n, T value) const {
+    for (std::size_t t = 0; t < tokens_; ++t) {
+      for (std::size_t j = 0; j < n; ++j) {
+        if (!visible(t, j0 + j)) {
+          s.block(static_cast<Eigen::Index>(t * group_), static_cast<Eigen::Index>(j),
+                  static_cast<Eigen::Index>(group_), 1).setConstant(value);
+        }
+      }
     }
-    rope::detail::prefetch_rows(v_.row(j0, g_), n, v_.token_stride * sizeof(T), v_.head_dim * sizeof(T));
   }
 
-  void write_out(Eigen::Index rows) {
+  // The K (when read in place) or V rows of token j for every head of the
+  // item, a few tokens ahead of the one being read: a token-major cache
+  // keeps a token's heads together and its tokens a page or more apart,
+  // where the hardware prefetchers stop.
+  void prefetch_token(std::size_t j, bool keys) const noexcept {
+    if (j >= k_.tokens) return;
+    const View<const T>& x = keys ? k_ : v_;
+    if (keys && !keys_in_place(rotation_, o_, plan_)) return;
+    const std::size_t heads = ws_.heads.size();
+    if (x.head_stride == x.head_dim) {
+      rope::detail::prefetch(x.row(j, g0_), heads * x.head_dim * sizeof(T));
+    } else {
+      for (std::size_t i = 0; i < heads; ++i) rope::detail::prefetch(x.row(j, g0_ + i), x.head_dim * sizeof(T));
+    }
+  }
+
+  void write_out(std::size_t g, const HeadRows<T>& head) {
     const auto dv = static_cast<Eigen::Index>(v_.head_dim);
-    for (Eigen::Index r = 0; r < rows; ++r) {
+    for (Eigen::Index r = 0; r < head.acc.rows(); ++r) {
       const auto t = static_cast<std::size_t>(r) / group_, h = static_cast<std::size_t>(r) % group_;
-      Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> dst(out_.row(t0_ + t, g_ * group_ + h), dv);
+      Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> dst(out_.row(t0_ + t, g * group_ + h), dv);
       if (ws_.seen[t]) {
-        dst = ws_.acc.row(r) / ws_.row_sum[r];
+        dst = head.acc.row(r) / head.row_sum[r];
       } else {
         dst.setZero();
       }
@@ -351,13 +469,15 @@ class SoftmaxTile {
   const SoftmaxOptions& o_;
   const SoftmaxPlan<T>& plan_;
   SoftmaxWorkspace<T>& ws_;
-  std::size_t group_ = 1, g_ = 0, t0_ = 0, tokens_ = 0;
-  const T* keys_data_ = nullptr;
-  Eigen::Index keys_stride_ = 0;
+  std::size_t group_ = 1, g0_ = 0, t0_ = 0, tokens_ = 0;
+  bool thin_ = false;
 };
 
-// Every head and query block of checked views: work items are (key/value
-// head, block of query tokens), in that order, split across threads.
+// Every head and query block of checked views. Work items are (range of
+// key/value heads, block of query tokens), split across threads. An item
+// holds one key/value head, except when K is read in place and a head's
+// tile has few rows (decoding): then the heads are split into one range per
+// thread, so that each thread reads its part of every cached token at once.
 template <class T>
 void softmax_heads(const View<const T>& q, const View<const T>& k, const View<const T>& v, const View<T>& out,
                    const Rotation<T>& rotation, const SoftmaxOptions& o, const SoftmaxPlan<T>& plan) {
@@ -365,13 +485,17 @@ void softmax_heads(const View<const T>& q, const View<const T>& k, const View<co
   const std::size_t group = q.heads / k.heads;
   const std::size_t tokens_per_block = std::max<std::size_t>(1, std::min(o.block, q.tokens * group) / group);
   const std::size_t blocks = (q.tokens + tokens_per_block - 1) / tokens_per_block;
-  const std::size_t items = k.heads * blocks;
+  const bool together = SoftmaxTile<T>::keys_in_place(rotation, o, plan) &&
+                        std::min(tokens_per_block, q.tokens) * group <= SoftmaxTile<T>::kThinRows;
+  const std::size_t ranges = together ? std::min(k.heads, o.threads) : k.heads;
+  const std::size_t items = ranges * blocks;
   const std::size_t workers = std::max<std::size_t>(1, std::min(o.threads, items));
   std::vector<SoftmaxWorkspace<T>> workspaces(workers);
   parallel_for(items, workers, [&](std::size_t item, std::size_t w) {
-    const std::size_t g = item / blocks, b = item % blocks;
+    const std::size_t range = item / blocks, b = item % blocks;
+    const std::size_t g0 = k.heads * range / ranges, g1 = k.heads * (range + 1) / ranges;
     const std::size_t t0 = b * tokens_per_block;
-    SoftmaxTile<T>(q, k, v, out, rotation, o, plan, workspaces[w]).run(g, t0, std::min(q.tokens, t0 + tokens_per_block));
+    SoftmaxTile<T>(q, k, v, out, rotation, o, plan, workspaces[w]).run(g0, g1, t0, std::min(q.tokens, t0 + tokens_per_block));
   });
 }
 

@@ -9,6 +9,7 @@
 //     make_batch_constant, whose argument order changed every major;
 //   - the batch constructor from lane values (initializer_list in 8.1,
 //     variadic later);
+//   - hadd (8.1) vs reduce_add (10 and later);
 //   - available_architectures().best vs .has(A{}), and Arch::version(),
 //     which is gone in 13;
 //   - whether batch<T, A> exists at all: 32-bit neon has no double, which
@@ -89,6 +90,16 @@ xsimd::batch<T, Arch> alternating(T even, T odd, std::index_sequence<I...>) noex
 template <class T, class Arch>
 xsimd::batch<T, Arch> alternating(T even, T odd) noexcept {
   return alternating<T, Arch>(even, odd, std::make_index_sequence<xsimd::batch<T, Arch>::size>{});
+}
+
+// The sum of the lanes: hadd in xsimd 8.1, reduce_add since 10 (hadd is gone in 14).
+template <class T, class Arch>
+T sum_lanes(const xsimd::batch<T, Arch>& v) noexcept {
+#if XSIMD_VERSION_MAJOR >= 10
+  return xsimd::reduce_add(v);
+#else
+  return xsimd::hadd(v);
+#endif
 }
 
 // Whether the running CPU can execute code compiled for Arch.
