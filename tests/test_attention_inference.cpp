@@ -293,7 +293,14 @@ struct LinearCase {
 TYPED_TEST(InferenceTyped, LinearHeadsEqualOneHeadCalls) {
   using T = TypeParam;
   const LinearCase<T> c(51);
-  const auto& [table, feature_table, q, k, v, phi] = c;
+  // Plain references, not a structured binding: C++17 lambdas cannot
+  // capture bindings (clang refuses it).
+  const auto& table = c.table;
+  const auto& feature_table = c.feature_table;
+  const auto& q = c.q;
+  const auto& k = c.k;
+  const auto& v = c.v;
+  const auto& phi = c.phi;
   for (const bool causal : {false, true}) {
     ra::LinearOptions o;
     o.causal = causal;
@@ -318,7 +325,14 @@ TYPED_TEST(InferenceTyped, LinearHeadsEqualOneHeadCalls) {
 TYPED_TEST(InferenceTyped, LinearChunkedPrefillThenDecodeEqualsOneShot) {
   using T = TypeParam;
   const LinearCase<T> c(61);
-  const auto& [table, feature_table, q, k, v, phi] = c;
+  // Plain references, not a structured binding: C++17 lambdas cannot
+  // capture bindings (clang refuses it).
+  const auto& table = c.table;
+  const auto& feature_table = c.feature_table;
+  const auto& q = c.q;
+  const auto& k = c.k;
+  const auto& v = c.v;
+  const auto& phi = c.phi;
   for (const bool eq19 : {true, false}) {
     ra::LinearOptions o;
     o.causal = true;
@@ -357,7 +371,12 @@ TYPED_TEST(InferenceTyped, LinearChunkedPrefillThenDecodeEqualsOneShot) {
 TYPED_TEST(InferenceTyped, LinearSequencesEqualSeparateCalls) {
   using T = TypeParam;
   const LinearCase<T> c(71);
-  const auto& [table, feature_table, q, k, v, phi] = c;
+  // Plain references, not a structured binding: C++17 lambdas cannot
+  // capture bindings (clang refuses it).
+  const auto& q = c.q;
+  const auto& k = c.k;
+  const auto& v = c.v;
+  const auto& phi = c.phi;
   const std::size_t split = 9;
   for (const bool causal : {false, true}) {
     ra::LinearOptions packed;
@@ -386,7 +405,13 @@ TYPED_TEST(InferenceTyped, LinearSequencesEqualSeparateCalls) {
 
 TEST(InferenceThreads, LinearBitIdenticalForAnyThreadCount) {
   const LinearCase<float> c(81);
-  const auto& [table, feature_table, q, k, v, phi] = c;
+  // Plain references, not a structured binding: C++17 lambdas cannot
+  // capture bindings (clang refuses it).
+  const auto& feature_table = c.feature_table;
+  const auto& q = c.q;
+  const auto& k = c.k;
+  const auto& v = c.v;
+  const auto& phi = c.phi;
   for (const bool causal : {false, true}) {
     ra::LinearOptions o;
     o.causal = causal;
@@ -404,7 +429,12 @@ TEST(InferenceThreads, LinearBitIdenticalForAnyThreadCount) {
 
 TEST(InferenceErrors, LinearStatesAreChecked) {
   const LinearCase<double> c(91);
-  const auto& [table, feature_table, q, k, v, phi] = c;
+  // Plain references, not a structured binding: C++17 lambdas cannot
+  // capture bindings (clang refuses it).
+  const auto& q = c.q;
+  const auto& k = c.k;
+  const auto& v = c.v;
+  const auto& phi = c.phi;
   Heads<double> out = Heads<double>::filled(c.l, c.hq, c.dv, -3.0);
   const auto untouched = out.data;
   const auto message = [&](ra::LinearOptions o, std::vector<ra::LinearState<double>>* states) -> std::string {
