@@ -162,6 +162,8 @@ struct SoftmaxWorkspace {
   std::vector<ConstRowsMap<T>> key_maps;
   Matrix<T> keys;                  // Lk x d: the rotated keys of one key/value head
   std::size_t keys_of_head = static_cast<std::size_t>(-1);
+  Matrix<T> values;                // Lk x dv: the values of one key/value head, contiguous
+  std::size_t values_of_head = static_cast<std::size_t>(-1);
   std::vector<std::size_t> lo, hi;  // each token's visible key range (sorted keys)
   std::vector<unsigned char> seen;  // per token: some key was visible
 };
@@ -220,9 +222,13 @@ class SoftmaxTile {
         const bool uniform = max_lo < min_hi && std::count(ws_.seen.begin(), ws_.seen.end(), 1) ==
                                                     static_cast<std::ptrdiff_t>(tokens_);
         if (uniform) {
-          sweep(min_lo, max_lo, bk, true);
-          sweep(max_lo, min_hi, bk, false);
-          sweep(min_hi, max_hi, bk, true);
+          // The full range cut at multiples of kGranule keys: GEMMs of odd
+          // widths are slow, and a few masked keys more cost less.
+          const std::size_t full_lo = std::min(min_hi, (max_lo + kGranule - 1) / kGranule * kGranule);
+          const std::size_t full_hi = std::max(full_lo, min_hi / kGranule * kGranule);
+          sweep(min_lo, full_lo, bk, true);
+          sweep(full_lo, full_hi, bk, false);
+          sweep(full_hi, max_hi, bk, true);
         } else {
           sweep(min_lo, max_hi, bk, true);
         }
@@ -243,6 +249,7 @@ class SoftmaxTile {
   // Query rows per head up to which a tile is computed row by row rather
   // than by GEMM, and how many tokens ahead that pass prefetches.
   static constexpr std::size_t kThinRows = 8;
+  static constexpr std::size_t kGranule = 64;
   static constexpr std::size_t kAhead = 2;
 
  private:
@@ -297,10 +304,25 @@ class SoftmaxTile {
                            Eigen::OuterStride<>(d));
   }
 
-  ConstRowsMap<T> values_of(std::size_t g, std::size_t j0, std::size_t n) const {
-    const std::size_t stride = k_.tokens > 1 ? v_.token_stride : v_.head_dim;
-    return ConstRowsMap<T>(v_.row(j0, g), static_cast<Eigen::Index>(n), static_cast<Eigen::Index>(v_.head_dim),
-                           Eigen::OuterStride<>(static_cast<Eigen::Index>(stride)));
+  // V of head g: in place for a decode step (read once), else copied once
+  // per head into contiguous rows (every query block of the head reads it,
+  // and packing strided rows for the GEMM costs more than one copy).
+  ConstRowsMap<T> values_of(std::size_t g, std::size_t j0, std::size_t n) {
+    const auto dv = static_cast<Eigen::Index>(v_.head_dim);
+    if (thin_) {
+      const std::size_t stride = k_.tokens > 1 ? v_.token_stride : v_.head_dim;
+      return ConstRowsMap<T>(v_.row(j0, g), static_cast<Eigen::Index>(n), dv,
+                             Eigen::OuterStride<>(static_cast<Eigen::Index>(stride)));
+    }
+    if (ws_.values_of_head != g) {
+      ws_.values.resize(static_cast<Eigen::Index>(v_.tokens), dv);
+      for (std::size_t j = 0; j < v_.tokens; ++j) {
+        std::memcpy(ws_.values.row(static_cast<Eigen::Index>(j)).data(), v_.row(j, g), v_.head_dim * sizeof(T));
+      }
+      ws_.values_of_head = g;
+    }
+    return ConstRowsMap<T>(ws_.values.row(static_cast<Eigen::Index>(j0)).data(), static_cast<Eigen::Index>(n), dv,
+                           Eigen::OuterStride<>(dv));
   }
 
   void sweep(std::size_t begin, std::size_t end, std::size_t bk, bool partial) {
@@ -387,20 +409,20 @@ class SoftmaxTile {
     const T neg_inf = -std::numeric_limits<T>::infinity();
     if (partial) mask(s, j0, n, neg_inf);
     for (Eigen::Index r = 0; r < s.rows(); ++r) {
+      auto row = s.row(r);  // one row at a time, while it is in L1
       const T old_max = head.row_max[r];
-      const T new_max = std::max(old_max, s.row(r).maxCoeff());
+      const T new_max = std::max(old_max, row.maxCoeff());
       const T shift = new_max == neg_inf ? T(0) : new_max;
-      s.row(r) = (s.row(r).array() - shift).exp().matrix();
+      row = (row.array() - shift).exp().matrix();
+      // A vectorised exp need not return exactly 0 for -inf (Eigen's double
+      // exp clamps to ~5e-309): masked weights are set to 0 here.
+      if (partial) mask_row(row, static_cast<std::size_t>(r) / group_, j0, n);
       const T correction = (old_max == neg_inf || new_max == neg_inf) ? T(old_max == neg_inf ? 0 : 1)
                                                                       : std::exp(old_max - new_max);
       if (new_max != neg_inf) head.row_max[r] = new_max;
-      head.row_sum[r] = head.row_sum[r] * correction;
+      head.row_sum[r] = head.row_sum[r] * correction + row.sum();
       if (correction != T(1)) head.acc.row(r) *= correction;
     }
-    // A vectorised exp need not return exactly 0 for -inf (Eigen's double
-    // exp clamps to ~5e-309): masked weights are set to 0 here.
-    if (partial) mask(s, j0, n, T(0));
-    head.row_sum += s.rowwise().sum();
   }
 
   // The weighted values of the visible keys only: a masked entry is left out,
@@ -417,6 +439,21 @@ class SoftmaxTile {
           head.acc.row(r) += s(r, jj) * values.row(jj);
         }
       }
+    }
+  }
+
+  // Zeroes the weights of the keys token t does not see.
+  template <class Row>
+  void mask_row(Row& row, std::size_t t, std::size_t j0, std::size_t n) const {
+    if (plan_.sorted) {
+      // The token's visible range within [j0, j0 + n): zero what is outside.
+      const std::size_t lo = std::clamp(ws_.lo[t], j0, j0 + n) - j0, hi = std::clamp(ws_.hi[t], j0, j0 + n) - j0;
+      row.head(static_cast<Eigen::Index>(lo)).setZero();
+      row.segment(static_cast<Eigen::Index>(std::max(lo, hi)), static_cast<Eigen::Index>(n - std::max(lo, hi))).setZero();
+      return;
+    }
+    for (std::size_t j = 0; j < n; ++j) {
+      if (!visible(t, j0 + j)) row[static_cast<Eigen::Index>(j)] = T(0);
     }
   }
 
