@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "detail/error.hpp"
+#include "detail/inline.hpp"
 
 namespace rope {
 
@@ -66,7 +67,10 @@ struct View {
     return View(base + first_head * head_dim, tokens, heads, head_dim, total_heads * head_dim, head_dim);
   }
 
-  T* row(std::size_t t, std::size_t h) const noexcept { return data + t * token_stride + h * head_stride; }
+  // Forced inline, like Positions::at (detail/inline.hpp).
+  ROPE_ALWAYS_INLINE T* row(std::size_t t, std::size_t h) const noexcept {
+    return data + t * token_stride + h * head_stride;
+  }
 
   // Tokens first .. first+count-1 (unchecked: first + count <= tokens), e.g.
   // the part of a KV cache a decode step writes.
