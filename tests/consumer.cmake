@@ -6,7 +6,8 @@
 #   MODE=add_subdirectory   build examples/add_subdirectory (rope vendored)
 #   MODE=fetch_content      build examples/fetch_content (FetchContent, local)
 #   MODE=pkg_config         compile the consumer programs with nothing but
-#                           `pkg-config --cflags` of the installed .pc files
+#                           `pkg-config --cflags --libs` of the installed .pc
+#                           files
 # EXPECT_FAILURE=ON: the configure step must fail (a refused version, a
 # missing component); FAILURE_MATCH: text its output must contain.
 cmake_minimum_required(VERSION 3.16)
@@ -20,7 +21,7 @@ function(run)
 endfunction()
 
 function(run_programs dir)
-  foreach(program rope_consumer rope_consumer_attention)
+  foreach(program rope_consumer rope_consumer_attention rope_consumer_dispatch)
     if(EXISTS "${dir}/${program}")
       run("${dir}/${program}")
     elseif(program STREQUAL "rope_consumer")
@@ -40,17 +41,22 @@ file(MAKE_DIRECTORY "${WORK_DIR}")
 
 if(MODE STREQUAL "pkg_config")
   set(ENV{PKG_CONFIG_PATH} "${PREFIX}/share/pkgconfig")
-  foreach(pair "rope;consumer" "rope-attention;consumer_attention")
+  set(pairs "rope:consumer" "rope-attention:consumer_attention")
+  if(EXISTS "${PREFIX}/share/pkgconfig/rope-dispatch.pc")
+    list(APPEND pairs "rope-dispatch:consumer_dispatch")
+  endif()
+  foreach(pair IN LISTS pairs)
+    string(REPLACE ":" ";" pair "${pair}")
     list(GET pair 0 package)
     list(GET pair 1 program)
-    execute_process(COMMAND pkg-config --cflags ${package} OUTPUT_VARIABLE cflags RESULT_VARIABLE rc
+    execute_process(COMMAND pkg-config --cflags --libs ${package} OUTPUT_VARIABLE flags RESULT_VARIABLE rc
                     OUTPUT_STRIP_TRAILING_WHITESPACE)
     if(NOT rc EQUAL 0)
-      message(FATAL_ERROR "pkg-config --cflags ${package} failed (${rc})")
+      message(FATAL_ERROR "pkg-config --cflags --libs ${package} failed (${rc})")
     endif()
-    message(STATUS "pkg-config --cflags ${package}: ${cflags}")
-    separate_arguments(cflags UNIX_COMMAND "${cflags}")
-    run(${CXX} -std=c++17 -O1 ${cflags} "${ROPE_SOURCE_DIR}/examples/${program}.cpp"
+    message(STATUS "pkg-config --cflags --libs ${package}: ${flags}")
+    separate_arguments(flags UNIX_COMMAND "${flags}")
+    run(${CXX} -std=c++17 -O1 "${ROPE_SOURCE_DIR}/examples/${program}.cpp" ${flags}
         -o "${WORK_DIR}/rope_${program}")
   endforeach()
   run_programs("${WORK_DIR}")
