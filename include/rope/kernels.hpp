@@ -68,7 +68,9 @@ struct PairRow {
 // has:
 //   Row                  how it reads the row's cos/sin (prepared once per row)
 //   Step(row, p)         the cos/sin of pairs p .. p+kPairs-1, in registers
-//   load(x, p, pairs)    the step's inputs from a head vector x of `pairs` pairs
+//   Input(x, p, pairs)   the step's inputs, loaded from a head vector x of
+//                        `pairs` pairs (a constructor, so that it is never
+//                        passed by value: aarch64 GCC notes every such ABI)
 //   store(in, y, ...)    rotates loaded inputs and stores them into y
 //   kRegisters           vector registers the step holds
 template <Style S, bool Inverse, class T, class Arch>
@@ -84,6 +86,8 @@ struct Step<Style::rotate_half, Inverse, T, Arch> {
   static constexpr std::size_t kRegisters = 2;
   struct Input {
     B a, b;
+    Input(const T* x, std::size_t p, std::size_t pairs) noexcept
+        : a(B::load_unaligned(x + p)), b(B::load_unaligned(x + pairs + p)) {}
   };
   B c, s;
 
@@ -91,10 +95,6 @@ struct Step<Style::rotate_half, Inverse, T, Arch> {
   Step(const Row& row, std::size_t p) noexcept
       : c(B::load_unaligned(row.cos + p)),
         s(Inverse ? -B::load_unaligned(row.sin + p) : B::load_unaligned(row.sin + p)) {}
-
-  static Input load(const T* x, std::size_t p, std::size_t pairs) noexcept {
-    return {B::load_unaligned(x + p), B::load_unaligned(x + pairs + p)};
-  }
   void store(const Input& in, T* y, std::size_t p, std::size_t pairs) const noexcept {
     neg_mul_add(in.b, s, in.a * c).store_unaligned(y + p);        // a c - b s
     mul_add(in.a, s, in.b * c).store_unaligned(y + pairs + p);  // b c + a s
@@ -113,6 +113,8 @@ struct Step<Style::block_diagonal, Inverse, T, Arch> {
   static constexpr std::size_t kRegisters = 4;
   struct Input {
     B x0, x1;
+    Input(const T* x, std::size_t p, std::size_t /*pairs*/) noexcept
+        : x0(B::load_unaligned(x + 2 * p)), x1(B::load_unaligned(x + 2 * p + B::size)) {}
   };
   B c0, c1, s0, s1;
 
@@ -127,9 +129,6 @@ struct Step<Style::block_diagonal, Inverse, T, Arch> {
     s1 = duplicate_high(s) * sign;
   }
 
-  static Input load(const T* x, std::size_t p, std::size_t /*pairs*/) noexcept {
-    return {B::load_unaligned(x + 2 * p), B::load_unaligned(x + 2 * p + B::size)};
-  }
   void store(const Input& in, T* y, std::size_t p, std::size_t /*pairs*/) const noexcept {
     mul_add(swap_adjacent(in.x0), s0, in.x0 * c0).store_unaligned(y + 2 * p);
     mul_add(swap_adjacent(in.x1), s1, in.x1 * c1).store_unaligned(y + 2 * p + B::size);
@@ -185,6 +184,8 @@ struct Step16<Style::rotate_half, Inverse, Lanes, Arch> {
   static constexpr std::size_t kRegisters = 4;
   struct Input {
     U a, b;
+    Input(const std::uint16_t* x, std::size_t p, std::size_t pairs) noexcept
+        : a(load_lanes(x + p)), b(load_lanes(x + pairs + p)) {}
   };
   F c_low, c_high, s_low, s_high;
 
@@ -203,9 +204,6 @@ struct Step16<Style::rotate_half, Inverse, Lanes, Arch> {
     s_high = Inverse ? -F::load_unaligned(sh) : F::load_unaligned(sh);
   }
 
-  static Input load(const std::uint16_t* x, std::size_t p, std::size_t pairs) noexcept {
-    return {load_lanes(x + p), load_lanes(x + pairs + p)};
-  }
   void store(const Input& in, std::uint16_t* y, std::size_t p, std::size_t pairs) const noexcept {
     const F al = Lanes::low(in.a), ah = Lanes::high(in.a);
     const F bl = Lanes::low(in.b), bh = Lanes::high(in.b);
@@ -236,6 +234,7 @@ struct Step16<Style::block_diagonal, Inverse, Lanes, Arch> {
   static constexpr std::size_t kRegisters = 2;
   struct Input {
     U v;
+    Input(const std::uint16_t* x, std::size_t p, std::size_t /*pairs*/) noexcept : v(Base::load_lanes(x + 2 * p)) {}
   };
   F c, s;
 
@@ -244,9 +243,6 @@ struct Step16<Style::block_diagonal, Inverse, Lanes, Arch> {
       : c(F::load_unaligned(row.cos + p)),
         s(Inverse ? -F::load_unaligned(row.sin + p) : F::load_unaligned(row.sin + p)) {}
 
-  static Input load(const std::uint16_t* x, std::size_t p, std::size_t /*pairs*/) noexcept {
-    return {Base::load_lanes(x + 2 * p)};
-  }
   void store(const Input& in, std::uint16_t* y, std::size_t p, std::size_t /*pairs*/) const noexcept {
     const F a = Lanes::low(in.v), b = Lanes::high(in.v);
     Base::store_lanes(Lanes::pack(neg_mul_add(b, s, a * c), mul_add(a, s, b * c)), y + 2 * p);
@@ -285,7 +281,7 @@ ROPE_NOINLINE void rotate_short(const typename StepT::Element* x, std::ptrdiff_t
       v[channel<S>(p, n, false)] = xh[channel<S>(p, pairs, false)];
       v[channel<S>(p, n, true)] = xh[channel<S>(p, pairs, true)];
     }
-    step.store(StepT::load(v, 0, n), v, 0, n);
+    step.store(typename StepT::Input(v, 0, n), v, 0, n);
     for (std::size_t p = 0; p < pairs; ++p) {
       yh[channel<S>(p, pairs, false)] = v[channel<S>(p, n, false)];
       yh[channel<S>(p, pairs, true)] = v[channel<S>(p, n, true)];
@@ -326,10 +322,10 @@ inline void rotate_rows(const typename StepT::Element* x, std::ptrdiff_t x_strid
       for (std::size_t h = 0; h < heads; ++h) {
         const auto* xh = x + static_cast<std::ptrdiff_t>(h) * x_stride;
         auto* yh = y + static_cast<std::ptrdiff_t>(h) * y_stride;
-        const auto in = StepT::load(xh, last, pairs);
+        const typename StepT::Input in(xh, last, pairs);
         for (std::size_t i = 0; i < count; ++i) {
           const std::size_t p = (first + i) * n;
-          block[i].store(StepT::load(xh, p, pairs), yh, p, pairs);
+          block[i].store(typename StepT::Input(xh, p, pairs), yh, p, pairs);
         }
         tail.store(in, yh, last, pairs);
       }
@@ -339,7 +335,7 @@ inline void rotate_rows(const typename StepT::Element* x, std::ptrdiff_t x_strid
         auto* yh = y + static_cast<std::ptrdiff_t>(h) * y_stride;
         for (std::size_t i = 0; i < count; ++i) {
           const std::size_t p = (first + i) * n;
-          block[i].store(StepT::load(xh, p, pairs), yh, p, pairs);
+          block[i].store(typename StepT::Input(xh, p, pairs), yh, p, pairs);
         }
       }
     }

@@ -121,6 +121,17 @@ std::size_t span_elements(const View<T>& v) noexcept {
   return (v.tokens - 1) * v.token_stride + (v.heads - 1) * v.head_stride + v.head_dim;
 }
 
+// Whether a * b > limit, exactly, without a division: a 64-bit division is
+// slow enough to be most of the cost of a decode step's checks.
+inline bool product_above(std::size_t a, std::size_t b, std::size_t limit) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  std::size_t product;
+  return __builtin_mul_overflow(a, b, &product) || product > limit;
+#else
+  return b != 0 && a > limit / b;
+#endif
+}
+
 // Shape and row layout of one view. Rows must not overlap: sorted by stride,
 // each dimension must step past everything the smaller ones cover (the usual
 // nested layouts; an interleaving of rows that happens not to collide is
@@ -141,7 +152,7 @@ void check_view(const char* fn, const char* name, const View<T>& v) {
     if (d.stride < covered) {
       fail(fn, field(name, d.name), ">= " + to_text(covered) + " (rows would overlap)", d.stride);
     }
-    if (d.stride > std::numeric_limits<std::size_t>::max() / 2 / d.count) {
+    if (product_above(d.stride, d.count, std::numeric_limits<std::size_t>::max() / 2)) {
       fail(fn, field(name, d.name), "small enough to stay inside the address range", d.stride);
     }
     covered += d.stride * (d.count - 1);
