@@ -155,9 +155,8 @@ xsimd::batch<T, Arch> neg_mul_add(const xsimd::batch<T, Arch>& x, const xsimd::b
 }
 
 // How many vector registers code for Arch has: 32 with AVX-512 and on
-// aarch64, 16 otherwise (SSE and AVX on x86-64, 32-bit NEON). A kernel keeps
-// about half of them for constants it reuses across head vectors; more would
-// spill them to the stack and reload them for every head.
+// aarch64, 16 otherwise (SSE and AVX on x86-64, 32-bit NEON): what sizes the
+// blocks of constants the kernels reuse across head vectors.
 template <class Arch>
 constexpr std::size_t vector_registers() noexcept {
   return std::is_base_of<xsimd::avx512f, Arch>::value || std::is_base_of<xsimd::neon64, Arch>::value ? 32 : 16;
