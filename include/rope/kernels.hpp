@@ -31,7 +31,8 @@
 // batch. A row whose pairs are not a whole number of steps ends with one
 // step that overlaps the step before it; in place, its inputs are loaded
 // before that step stores. A row shorter than one step runs through the
-// same step on a zero-padded stack copy. rotate is the one-head case.
+// same step with partial loads and stores (one masked load or store each
+// with AVX-512). rotate is the one-head case.
 #pragma once
 
 #include <cstddef>
@@ -71,9 +72,14 @@ struct PairRow {
 //                        `pairs` pairs (a constructor, so that it is never
 //                        passed by value: aarch64 GCC notes every such ABI)
 //   store(in, y, ...)    rotates loaded inputs and stores them into y
+//   Input(x, pairs, Short{}), store_short(in, y, pairs)
+//                        the same for a whole row of fewer pairs than a
+//                        step, touching nothing past it (load_partial)
 //   kRegisters           vector registers the step holds
 template <Style S, bool Inverse, class T, class Arch>
 struct Step;
+
+struct Short {};  // a row of fewer pairs than one step
 
 // rotate_half: n pairs whose first channels start at x[p], second at x[p + pairs].
 template <bool Inverse, class T, class Arch>
@@ -87,6 +93,8 @@ struct Step<Style::rotate_half, Inverse, T, Arch> {
     B a, b;
     Input(const T* x, std::size_t p, std::size_t pairs) noexcept
         : a(B::load_unaligned(x + p)), b(B::load_unaligned(x + pairs + p)) {}
+    Input(const T* x, std::size_t pairs, Short) noexcept
+        : a(load_partial<B>(x, pairs * sizeof(T))), b(load_partial<B>(x + pairs, pairs * sizeof(T))) {}
   };
   B c, s;
 
@@ -97,6 +105,10 @@ struct Step<Style::rotate_half, Inverse, T, Arch> {
   void store(const Input& in, T* y, std::size_t p, std::size_t pairs) const noexcept {
     neg_mul_add(in.b, s, in.a * c).store_unaligned(y + p);        // a c - b s
     mul_add(in.a, s, in.b * c).store_unaligned(y + pairs + p);  // b c + a s
+  }
+  void store_short(const Input& in, T* y, std::size_t pairs) const noexcept {
+    store_partial(neg_mul_add(in.b, s, in.a * c), y, pairs * sizeof(T));
+    store_partial(mul_add(in.a, s, in.b * c), y + pairs, pairs * sizeof(T));
   }
 };
 
@@ -114,6 +126,9 @@ struct Step<Style::block_diagonal, Inverse, T, Arch> {
     B x0, x1;
     Input(const T* x, std::size_t p, std::size_t /*pairs*/) noexcept
         : x0(B::load_unaligned(x + 2 * p)), x1(B::load_unaligned(x + 2 * p + B::size)) {}
+    Input(const T* x, std::size_t pairs, Short) noexcept
+        : x0(load_partial<B>(x, (2 * pairs < B::size ? 2 * pairs : B::size) * sizeof(T))),
+          x1(2 * pairs > B::size ? load_partial<B>(x + B::size, (2 * pairs - B::size) * sizeof(T)) : B(T(0))) {}
   };
   B c0, c1, s0, s1;
 
@@ -131,6 +146,13 @@ struct Step<Style::block_diagonal, Inverse, T, Arch> {
   void store(const Input& in, T* y, std::size_t p, std::size_t /*pairs*/) const noexcept {
     mul_add(swap_adjacent(in.x0), s0, in.x0 * c0).store_unaligned(y + 2 * p);
     mul_add(swap_adjacent(in.x1), s1, in.x1 * c1).store_unaligned(y + 2 * p + B::size);
+  }
+  void store_short(const Input& in, T* y, std::size_t pairs) const noexcept {
+    store_partial(mul_add(swap_adjacent(in.x0), s0, in.x0 * c0), y,
+                  (2 * pairs < B::size ? 2 * pairs : B::size) * sizeof(T));
+    if (2 * pairs > B::size) {
+      store_partial(mul_add(swap_adjacent(in.x1), s1, in.x1 * c1), y + B::size, (2 * pairs - B::size) * sizeof(T));
+    }
   }
 };
 
@@ -185,6 +207,8 @@ struct Step16<Style::rotate_half, Inverse, Lanes, Arch> {
     U a, b;
     Input(const std::uint16_t* x, std::size_t p, std::size_t pairs) noexcept
         : a(load_lanes(x + p)), b(load_lanes(x + pairs + p)) {}
+    Input(const std::uint16_t* x, std::size_t pairs, Short) noexcept
+        : a(load_partial<U>(x, 2 * pairs)), b(load_partial<U>(x + pairs, 2 * pairs)) {}
   };
   F c_low, c_high, s_low, s_high;
 
@@ -210,6 +234,14 @@ struct Step16<Style::rotate_half, Inverse, Lanes, Arch> {
     store_lanes(Lanes::pack(mul_add(al, s_low, bl * c_low), mul_add(ah, s_high, bh * c_high)),
                 y + pairs + p);
   }
+  void store_short(const Input& in, std::uint16_t* y, std::size_t pairs) const noexcept {
+    const F al = Lanes::low(in.a), ah = Lanes::high(in.a);
+    const F bl = Lanes::low(in.b), bh = Lanes::high(in.b);
+    store_partial(Lanes::pack(neg_mul_add(bl, s_low, al * c_low), neg_mul_add(bh, s_high, ah * c_high)), y,
+                  2 * pairs);
+    store_partial(Lanes::pack(mul_add(al, s_low, bl * c_low), mul_add(ah, s_high, bh * c_high)), y + pairs,
+                  2 * pairs);
+  }
 
   // 16-bit values as 32-bit lanes; no alignment is needed beyond 2 bytes.
   static U load_lanes(const std::uint16_t* x) noexcept {
@@ -234,6 +266,7 @@ struct Step16<Style::block_diagonal, Inverse, Lanes, Arch> {
   struct Input {
     U v;
     Input(const std::uint16_t* x, std::size_t p, std::size_t /*pairs*/) noexcept : v(Base::load_lanes(x + 2 * p)) {}
+    Input(const std::uint16_t* x, std::size_t pairs, Short) noexcept : v(load_partial<U>(x, 4 * pairs)) {}
   };
   F c, s;
 
@@ -246,23 +279,21 @@ struct Step16<Style::block_diagonal, Inverse, Lanes, Arch> {
     const F a = Lanes::low(in.v), b = Lanes::high(in.v);
     Base::store_lanes(Lanes::pack(neg_mul_add(b, s, a * c), mul_add(a, s, b * c)), y + 2 * p);
   }
+  void store_short(const Input& in, std::uint16_t* y, std::size_t pairs) const noexcept {
+    const F a = Lanes::low(in.v), b = Lanes::high(in.v);
+    store_partial(Lanes::pack(neg_mul_add(b, s, a * c), mul_add(a, s, b * c)), y, 4 * pairs);
+  }
 };
 
-// Channel of pair p's first (second = false) or second channel in a head
-// vector of `pairs` pairs.
-template <Style S>
-ROPE_ALWAYS_INLINE constexpr std::size_t channel(std::size_t p, std::size_t pairs, bool second) noexcept {
-  return S == Style::rotate_half ? p + (second ? pairs : 0) : 2 * p + (second ? 1 : 0);
-}
-
-// A row of fewer pairs than one step: the step runs on zero-padded copies of
-// the row and of each head. Out of line: its stack buffers would otherwise
-// give every call a stack frame.
-template <Style S, class StepT, class Row>
+// A row of fewer pairs than one step: the step is prepared from a
+// zero-padded copy of the row, and each head is loaded and stored with
+// partial loads and stores (load_partial), so nothing past the row is
+// touched. Out of line: its stack buffers would otherwise give every call a
+// stack frame.
+template <class StepT, class Row>
 ROPE_NOINLINE void rotate_short(const typename StepT::Element* x, std::ptrdiff_t x_stride,
                                 typename StepT::Element* y, std::ptrdiff_t y_stride, std::size_t heads,
                                 const Row& row, std::size_t pairs) noexcept {
-  using E = typename StepT::Element;
   using C = std::decay_t<decltype(row.cos_at(0))>;
   constexpr std::size_t n = StepT::kPairs;
   C c[n] = {}, s[n] = {};
@@ -273,18 +304,8 @@ ROPE_NOINLINE void rotate_short(const typename StepT::Element* x, std::ptrdiff_t
   C work[2 * n + 2];
   const StepT step(StepT::Row::make(c, s, n, work), 0);
   for (std::size_t h = 0; h < heads; ++h) {
-    const E* xh = x + static_cast<std::ptrdiff_t>(h) * x_stride;
-    E* yh = y + static_cast<std::ptrdiff_t>(h) * y_stride;
-    E v[2 * n] = {};  // a padded head of n pairs in the pairing's own layout
-    for (std::size_t p = 0; p < pairs; ++p) {
-      v[channel<S>(p, n, false)] = xh[channel<S>(p, pairs, false)];
-      v[channel<S>(p, n, true)] = xh[channel<S>(p, pairs, true)];
-    }
-    step.store(typename StepT::Input(v, 0, n), v, 0, n);
-    for (std::size_t p = 0; p < pairs; ++p) {
-      yh[channel<S>(p, pairs, false)] = v[channel<S>(p, n, false)];
-      yh[channel<S>(p, pairs, true)] = v[channel<S>(p, n, true)];
-    }
+    const typename StepT::Input in(x + static_cast<std::ptrdiff_t>(h) * x_stride, pairs, Short{});
+    step.store_short(in, y + static_cast<std::ptrdiff_t>(h) * y_stride, pairs);
   }
 }
 
@@ -311,7 +332,7 @@ inline void rotate_rows(const typename StepT::Element* x, std::ptrdiff_t x_strid
   constexpr std::size_t kBlock = block_steps<StepT, Arch>();
   const std::size_t full = pairs / n;  // whole steps in a row
   if (full == 0) {
-    if (pairs > 0) rotate_short<S, StepT>(x, x_stride, y, y_stride, heads, row, pairs);
+    if (pairs > 0) rotate_short<StepT>(x, x_stride, y, y_stride, heads, row, pairs);
     return;
   }
   const std::size_t last = pairs - n;  // first pair of the overlapping last step

@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
@@ -152,6 +153,44 @@ xsimd::batch<T, Arch> neg_mul_add(const xsimd::batch<T, Arch>& x, const xsimd::b
   }
 #endif
   return xsimd::fnma(x, y, z);
+}
+
+// A batch from the first `bytes` bytes at p (bytes <= the batch's size; the
+// rest of the lanes zero), and the first `bytes` bytes of v stored at p:
+// nothing past them is read or written. With AVX-512BW one masked load or
+// store at byte granularity; elsewhere through a small buffer. For the rows
+// shorter than one batch (partial rotary: 24 channels against AVX-512's 16
+// float lanes).
+template <class B>
+B load_partial(const void* p, std::size_t bytes) noexcept {
+  using T = typename B::value_type;
+#if defined(__AVX512BW__)
+  if constexpr (std::is_base_of<xsimd::avx512bw, typename B::arch_type>::value) {
+    const __mmask64 mask = bytes >= 64 ? ~__mmask64(0) : (__mmask64(1) << bytes) - 1;
+    const __m512i v = _mm512_maskz_loadu_epi8(mask, p);
+    if constexpr (std::is_same<T, float>::value) return _mm512_castsi512_ps(v);
+    if constexpr (std::is_same<T, double>::value) return _mm512_castsi512_pd(v);
+    if constexpr (std::is_integral<T>::value) return v;
+  }
+#endif
+  T lanes[B::size] = {};
+  std::memcpy(lanes, p, bytes);
+  return B::load_unaligned(lanes);
+}
+template <class B>
+void store_partial(const B& v, void* p, std::size_t bytes) noexcept {
+  using T = typename B::value_type;
+#if defined(__AVX512BW__)
+  if constexpr (std::is_base_of<xsimd::avx512bw, typename B::arch_type>::value) {
+    const __mmask64 mask = bytes >= 64 ? ~__mmask64(0) : (__mmask64(1) << bytes) - 1;
+    if constexpr (std::is_same<T, float>::value) return _mm512_mask_storeu_epi8(p, mask, _mm512_castps_si512(v));
+    if constexpr (std::is_same<T, double>::value) return _mm512_mask_storeu_epi8(p, mask, _mm512_castpd_si512(v));
+    if constexpr (std::is_integral<T>::value) return _mm512_mask_storeu_epi8(p, mask, v);
+  }
+#endif
+  T lanes[B::size];
+  v.store_unaligned(lanes);
+  std::memcpy(p, lanes, bytes);
 }
 
 // How many vector registers code for Arch has: 32 with AVX-512 and on
