@@ -163,14 +163,18 @@ struct Work {
 // contiguous, so that the streaming stores cover whole cache lines and only
 // the ragged ends of a token's block go through the cache.
 template <Style S, class Arch, class T, class C, class Source>
-void rotate_tokens(const Work<T, Source>& w, std::size_t begin, std::size_t end, C* scratch, T* staging) noexcept {
+void rotate_tokens(const Work<T, Source>& shared, std::size_t begin, std::size_t end, C* scratch,
+                   T* staging) noexcept {
+  // Local copies: the kernels' stores may alias anything (SIMD stores do),
+  // so fields read through references would be reloaded after every head.
+  const Work<T, Source> w = shared;
   C* work = scratch + w.rotary_dim;
   for (std::size_t t = begin; t < end; ++t) {
     const C* cos;
     const C* sin;
     w.source.row(t, scratch, cos, sin);
     for (std::size_t i = 0; i < w.count; ++i) {
-      const Pass<T>& p = w.passes[i];
+      const Pass<T> p = w.passes[i];
       const std::size_t d = p.in.head_dim;
       if (t + 1 < end) {
         // In place, only the rotary part is read (partial rotary: a quarter
