@@ -9,7 +9,9 @@
 // simd_unaligned (out of place, both tensors 16 bytes off a cache line;
 // every other case is 64-byte aligned). Out of place with partial rotary also
 // copies the pass-through channels, so the output is the whole tensor, as a
-// memcpy's would be; in place leaves them alone.
+// memcpy's would be (simd: a token's heads copied whole, then rotated in
+// place in the output, as rope::apply does; reference: the rest of each
+// head after it); in place leaves them alone.
 //
 // Counters, the same for every case of a shape: bytes = the tensor read once
 // and written once (2 x its size, whatever the variant touches), so bytes/s
@@ -157,17 +159,20 @@ void rotate_tensor(benchmark::State& state, Case c, Variant v) {
       const float* sin = t.sin(first + tok);
       const std::size_t token = tok * shape.heads * d;
       if constexpr (I == Impl::simd) {
-        // All heads of the token share the row: prepared once, applied to each.
+        // All heads of the token share the row: prepared once, applied to
+        // each. With pass-through channels, as rope::apply does it: the
+        // token's heads copied whole, then rotated in place in the output.
         const auto stride = static_cast<std::ptrdiff_t>(d);
-        rope::rotate_heads<S>(x + token, stride, y + token, stride, shape.heads, cos, sin, r, dir);
+        const float* from = x + token;
+        if (copy_rest) {
+          std::memcpy(y + token, x + token, shape.heads * d * sizeof(float));
+          from = y + token;
+        }
+        rope::rotate_heads<S>(from, stride, y + token, stride, shape.heads, cos, sin, r, dir);
       } else {
         for (std::size_t h = 0; h < shape.heads; ++h) {
           rope::reference::rotate<S>(x + token + h * d, y + token + h * d, cos, sin, r, dir);
-        }
-      }
-      if (copy_rest) {
-        for (std::size_t h = 0; h < shape.heads; ++h) {
-          std::memcpy(y + token + h * d + r, x + token + h * d + r, (d - r) * sizeof(float));
+          if (copy_rest) std::memcpy(y + token + h * d + r, x + token + h * d + r, (d - r) * sizeof(float));
         }
       }
     }

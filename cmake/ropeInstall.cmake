@@ -4,10 +4,14 @@
 #   find_package(rope 0.1 CONFIG REQUIRED)                       rope::rope, rope::native
 #   find_package(rope 0.1 CONFIG REQUIRED COMPONENTS attention)  + rope::attention
 #   find_package(rope 0.1 CONFIG REQUIRED COMPONENTS hf_config)  + rope::hf_config
+#   find_package(rope 0.1 CONFIG REQUIRED COMPONENTS dispatch)   + rope::dispatch
 #
 # Each part has its own export file, loaded by ropeConfig.cmake only when its
 # dependency is there, so a user without Eigen (or nlohmann_json) can find
 # and use the core.
+# rope::dispatch is the one compiled part: a library (static unless
+# BUILD_SHARED_LIBS) under the library directory, exported with its
+# location; it needs nothing the core does not.
 include(CMakePackageConfigHelpers)
 set(ROPE_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/rope")
 set(ROPE_PKGCONFIG_DIR "${CMAKE_INSTALL_DATADIR}/pkgconfig")
@@ -26,14 +30,28 @@ if(TARGET rope_hf_config)
   install(EXPORT ropeHfConfigTargets NAMESPACE rope:: DESTINATION "${ROPE_CMAKE_DIR}")
   list(APPEND ROPE_COMPONENTS hf_config)
 endif()
+if(TARGET rope_dispatch)
+  install(TARGETS rope_dispatch EXPORT ropeDispatchTargets
+    ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}"
+    LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}"
+    RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}")
+  install(EXPORT ropeDispatchTargets NAMESPACE rope:: DESTINATION "${ROPE_CMAKE_DIR}")
+  list(APPEND ROPE_COMPONENTS dispatch)
+endif()
 
 configure_package_config_file(cmake/ropeConfig.cmake.in
   "${CMAKE_CURRENT_BINARY_DIR}/ropeConfig.cmake"
   INSTALL_DESTINATION "${ROPE_CMAKE_DIR}")
 # Before 1.0 a minor version may break the API: 0.1 accepts 0.1.x only.
-# ARCH_INDEPENDENT: headers only, one install serves every architecture.
+# Headers alone serve every architecture (ARCH_INDEPENDENT); with the compiled
+# rope::dispatch the package is for the pointer size it was built for.
+if(TARGET rope_dispatch)
+  set(_rope_arch_independent "")
+else()
+  set(_rope_arch_independent ARCH_INDEPENDENT)
+endif()
 write_basic_package_version_file("${CMAKE_CURRENT_BINARY_DIR}/ropeConfigVersion.cmake"
-  COMPATIBILITY SameMinorVersion ARCH_INDEPENDENT)
+  COMPATIBILITY SameMinorVersion ${_rope_arch_independent})
 install(FILES
   "${CMAKE_CURRENT_BINARY_DIR}/ropeConfig.cmake"
   "${CMAKE_CURRENT_BINARY_DIR}/ropeConfigVersion.cmake"
@@ -55,4 +73,8 @@ endif()
 if(TARGET rope_hf_config)
   configure_file(cmake/rope-hf-config.pc.in "${CMAKE_CURRENT_BINARY_DIR}/rope-hf-config.pc" @ONLY)
   install(FILES "${CMAKE_CURRENT_BINARY_DIR}/rope-hf-config.pc" DESTINATION "${ROPE_PKGCONFIG_DIR}")
+endif()
+if(TARGET rope_dispatch)
+  configure_file(cmake/rope-dispatch.pc.in "${CMAKE_CURRENT_BINARY_DIR}/rope-dispatch.pc" @ONLY)
+  install(FILES "${CMAKE_CURRENT_BINARY_DIR}/rope-dispatch.pc" DESTINATION "${ROPE_PKGCONFIG_DIR}")
 endif()

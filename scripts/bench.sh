@@ -17,9 +17,13 @@ cmake --build --preset bench --target rope_bench
 # The CPU's name goes into the JSON so the report says where it ran.
 cpu_model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1 | tr -d ',=')
 out=build/bench/rope_bench.json
-# Three repetitions of 0.2 s each: the report reads their median.
+# Three repetitions of 0.2 s each: the report reads their median. The
+# repetitions of all cases run interleaved in random order, so that a burst of
+# load from elsewhere on a shared machine hits several cases a little rather
+# than one case entirely, and the ratios of one run stay comparable.
 ./build/bench/bench/rope_bench --benchmark_out="$out" --benchmark_out_format=json \
   --benchmark_repetitions=3 --benchmark_report_aggregates_only=true --benchmark_min_time=0.2 \
+  --benchmark_enable_random_interleaving=true \
   ${cpu_model:+"--benchmark_context=cpu_model=$cpu_model"} "$@"
 
 if [ -f bench/report.py ]; then

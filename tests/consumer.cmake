@@ -6,7 +6,8 @@
 #   MODE=add_subdirectory   build examples/add_subdirectory (rope vendored)
 #   MODE=fetch_content      build examples/fetch_content (FetchContent, local)
 #   MODE=pkg_config         compile the consumer programs with nothing but
-#                           `pkg-config --cflags` of the installed .pc files
+#                           `pkg-config --cflags --libs` of the installed .pc
+#                           files
 # EXPECT_FAILURE=ON: the configure step must fail (a refused version, a
 # missing component); FAILURE_MATCH: text its output must contain.
 # XSIMD_INCLUDE_DIR: the xsimd headers rope was configured with
@@ -24,7 +25,7 @@ function(run)
 endfunction()
 
 function(run_programs dir)
-  foreach(program rope_consumer rope_consumer_attention rope_consumer_hf_config)
+  foreach(program rope_consumer rope_consumer_attention rope_consumer_hf_config rope_consumer_dispatch)
     if(EXISTS "${dir}/${program}")
       run("${dir}/${program}")
     elseif(program STREQUAL "rope_consumer")
@@ -60,22 +61,25 @@ if(MODE STREQUAL "pkg_config")
     set(ENV{PKG_CONFIG_PATH} "${xsimd_stand_in}:$ENV{PKG_CONFIG_PATH}")
   endif()
   # Each program with the package it needs: consumer -> rope,
-  # consumer_attention -> rope-attention, consumer_hf_config -> rope-hf-config.
+  # consumer_attention -> rope-attention, and so on.
   set(programs consumer consumer_attention)
-  if(EXISTS "${PREFIX}/share/pkgconfig/rope-hf-config.pc")
-    list(APPEND programs consumer_hf_config)
-  endif()
+  foreach(part hf_config dispatch)
+    string(REPLACE "_" "-" package "rope-${part}")
+    if(EXISTS "${PREFIX}/share/pkgconfig/${package}.pc")
+      list(APPEND programs consumer_${part})
+    endif()
+  endforeach()
   foreach(program IN LISTS programs)
     string(REPLACE "consumer" "rope" package "${program}")
     string(REPLACE "_" "-" package "${package}")
-    execute_process(COMMAND pkg-config --cflags ${package} OUTPUT_VARIABLE cflags RESULT_VARIABLE rc
+    execute_process(COMMAND pkg-config --cflags --libs ${package} OUTPUT_VARIABLE flags RESULT_VARIABLE rc
                     OUTPUT_STRIP_TRAILING_WHITESPACE)
     if(NOT rc EQUAL 0)
-      message(FATAL_ERROR "pkg-config --cflags ${package} failed (${rc})")
+      message(FATAL_ERROR "pkg-config --cflags --libs ${package} failed (${rc})")
     endif()
-    message(STATUS "pkg-config --cflags ${package}: ${cflags}")
-    separate_arguments(cflags UNIX_COMMAND "${cflags}")
-    run(${CXX} -std=c++17 -O1 ${cflags} "${ROPE_SOURCE_DIR}/examples/${program}.cpp"
+    message(STATUS "pkg-config --cflags --libs ${package}: ${flags}")
+    separate_arguments(flags UNIX_COMMAND "${flags}")
+    run(${CXX} -std=c++17 -O1 "${ROPE_SOURCE_DIR}/examples/${program}.cpp" ${flags}
         -o "${WORK_DIR}/rope_${program}")
   endforeach()
   run_programs("${WORK_DIR}")

@@ -3,7 +3,9 @@
 // positions, partial rotary in and out of place, grouped-query Q/K, 16-bit
 // storage, M-RoPE and 2-D axial RoPE against a per-pair construction from
 // the angles, weight permutations between pairings, thread counts giving
-// bit-identical results, and every error path leaving the output untouched.
+// bit-identical results, every error path leaving the output untouched, and
+// the compile-time builds rope::dispatch mirrors against the rounding oracle
+// bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,8 +15,10 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <iostream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <Eigen/Core>
@@ -24,6 +28,8 @@
 #include <rope/permute.hpp>
 #include <rope/reference.hpp>
 
+#include "rounding_oracle.hpp"
+#include "archs.hpp"
 #include "support.hpp"
 
 namespace {
@@ -735,6 +741,32 @@ TEST(ApplyErrors, PackedNeighboursAreNotAnOverlap) {
   EXPECT_THROW(rope::apply_qk(v.q, View<float>::packed(qkv.data(), kTokens, 6, 3, 1, kHeadDim), table,
                               Style::rotate_half, 0),
                std::invalid_argument);
+}
+
+// The compile-time builds of the instruction sets rope::dispatch carries
+// that have fused multiply-adds (AVX2+FMA and AVX-512 on x86-64, NEON on
+// aarch64), through the checked calls with an explicit Arch: bit for bit the
+// fused rounding of rounding_oracle.hpp. test_dispatch checks rope::dispatch
+// against the same oracle on the same calls, so a dispatched instruction set
+// gives the bytes of its compile-time build.
+template <class Arch>
+constexpr bool kDispatched = std::is_same<Arch, xsimd::fma3<xsimd::avx2>>::value ||
+                             std::is_same<Arch, xsimd::avx512bw>::value || std::is_same<Arch, xsimd::neon64>::value;
+
+TEST(ApplyCompileTimeBuilds, FusedInstructionSetsMatchTheRoundingOracleBitForBit) {
+  std::vector<std::string> checked;
+  rope_test::for_each_arch<float>([&](auto arch) {
+    using Arch = decltype(arch);
+    if constexpr (kDispatched<Arch>) {
+      rope_test::check_calls<float, Arch>(Arch::name(), true, nullptr);
+      rope_test::check_calls<double, Arch>(Arch::name(), true, nullptr);
+      rope_test::check_calls<rope::BFloat16, Arch>(Arch::name(), true, nullptr);
+      rope_test::check_calls<rope::Float16, Arch>(Arch::name(), true, nullptr);
+      checked.emplace_back(Arch::name());
+    }
+  });
+  if (checked.empty()) GTEST_SKIP() << "this build targets none of AVX2+FMA, AVX-512 and NEON";
+  for (const auto& name : checked) std::cout << "[ checked  ] " << name << "\n";
 }
 
 }  // namespace

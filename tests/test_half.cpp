@@ -2,7 +2,8 @@
 // the value written from the format's definition in long double), narrowing
 // to the nearest representable value with ties to even (checked against the
 // neighbours of the result), and agreement with Eigen's independent
-// conversions.
+// conversions; and the SIMD conversions of the 16-bit kernels against the
+// scalar ones on every architecture.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,7 +15,10 @@
 
 #include <Eigen/Core>
 
+#include <rope/detail/half_lanes.hpp>
 #include <rope/half.hpp>
+
+#include "archs.hpp"
 
 namespace {
 
@@ -109,12 +113,14 @@ void expect_nearest(float f, const Format& format) {
   }
 }
 
-TEST(Half, NarrowingRoundsToNearestEven) {
+// Random floats, a stride through every pattern, the exact ties of both
+// formats and their neighbours, and the edges of the ranges.
+std::vector<float> narrowing_samples(int random_samples, std::uint64_t stride) {
   std::mt19937 gen(1);
   std::uniform_int_distribution<std::uint32_t> bits;
   std::vector<float> samples;
-  for (int i = 0; i < 2000000; ++i) samples.push_back(from_bits(bits(gen)));
-  for (std::uint64_t u = 0; u <= 0xffffffffu; u += 4099) samples.push_back(from_bits(static_cast<std::uint32_t>(u)));
+  for (int i = 0; i < random_samples; ++i) samples.push_back(from_bits(bits(gen)));
+  for (std::uint64_t u = 0; u <= 0xffffffffu; u += stride) samples.push_back(from_bits(static_cast<std::uint32_t>(u)));
   // Exact ties and their neighbours around every 16-bit value in both formats.
   for (std::uint32_t b = 0; b <= 0xffff; b += 7) {
     const std::uint32_t u = b << 16;
@@ -132,7 +138,11 @@ TEST(Half, NarrowingRoundsToNearestEven) {
     samples.push_back(f);
     samples.push_back(-f);
   }
-  for (float f : samples) {
+  return samples;
+}
+
+TEST(Half, NarrowingRoundsToNearestEven) {
+  for (float f : narrowing_samples(2000000, 4099)) {
     expect_nearest<rope::BFloat16>(f, kBFloat16);
     expect_nearest<rope::Float16>(f, kFloat16);
   }
@@ -154,6 +164,57 @@ TEST(Half, AgreesWithEigen) {
     ASSERT_EQ(rope::BFloat16(f).bits, b) << f;
     ASSERT_EQ(rope::Float16(f).bits, h) << f;
   }
+}
+
+// The SIMD conversions of the 16-bit kernels (detail/half_lanes.hpp), on
+// every architecture this build targets and the CPU runs, against the
+// scalar ones above bit for bit: widening every pattern, narrowing every
+// sample (NaNs included, payload and all).
+template <class H, class Arch>
+void expect_lanes_match_scalar() {
+  using Lanes = typename rope::detail::LanesOf<H, Arch>::type;
+  using U = xsimd::batch<std::uint32_t, Arch>;
+  using F = xsimd::batch<float, Arch>;
+  constexpr std::size_t n = U::size;
+  std::uint16_t bits[2 * n];
+  float lo[n], hi[n];
+  for (std::uint32_t b = 0; b <= 0xffff; b += 2 * n) {
+    for (std::size_t i = 0; i < 2 * n; ++i) bits[i] = static_cast<std::uint16_t>((b + i) & 0xffffu);
+    const U v = U::load_unaligned(reinterpret_cast<const std::uint32_t*>(bits));
+    Lanes::low(v).store_unaligned(lo);
+    Lanes::high(v).store_unaligned(hi);
+    for (std::size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(to_bits(lo[i]), to_bits(static_cast<float>(H::from_bits(bits[2 * i])))) << std::hex << bits[2 * i];
+      ASSERT_EQ(to_bits(hi[i]), to_bits(static_cast<float>(H::from_bits(bits[2 * i + 1]))))
+          << std::hex << bits[2 * i + 1];
+    }
+  }
+  // Fewer random and strided samples than the scalar test: it runs once per
+  // architecture; every tie and edge is kept.
+  const auto samples = narrowing_samples(100000, 65537);
+  for (std::size_t at = 0; at + 2 * n <= samples.size(); at += 2 * n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      lo[i] = samples[at + 2 * i];
+      hi[i] = samples[at + 2 * i + 1];
+    }
+    const U packed = Lanes::pack(F::load_unaligned(lo), F::load_unaligned(hi));
+    packed.store_unaligned(reinterpret_cast<std::uint32_t*>(bits));
+    for (std::size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(bits[2 * i], H(lo[i]).bits) << lo[i] << " (" << std::hex << to_bits(lo[i]) << ")";
+      ASSERT_EQ(bits[2 * i + 1], H(hi[i]).bits) << hi[i] << " (" << std::hex << to_bits(hi[i]) << ")";
+    }
+  }
+}
+
+TEST(Half, SimdLanesMatchTheScalarConversionsOnEveryArchitecture) {
+  int archs = 0;
+  rope_test::for_each_arch<float>([&](auto arch) {
+    using Arch = decltype(arch);
+    ++archs;
+    expect_lanes_match_scalar<rope::BFloat16, Arch>();
+    expect_lanes_match_scalar<rope::Float16, Arch>();
+  });
+  EXPECT_GT(archs, 0);
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // every architecture this build targets and the CPU runs, every even
 // rotary_dim up to 256 (so every tail length), both pairings and directions,
 // aligned and misaligned, in place and out of place; then the identities of
-// the rotation that every correct kernel keeps.
+// the rotation that every correct kernel keeps; then the 16-bit kernels
+// against the float kernels, bit for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <rope/half.hpp>
 #include <rope/kernels.hpp>
 #include <rope/reference.hpp>
 
@@ -293,5 +295,59 @@ TYPED_TEST(Kernels, ScoresDependOnlyOnTheRelativePosition) {
     }
   });
 }
+
+// ---- 16-bit storage (BFloat16, Float16): the in-register kernels. ----
+
+// Every architecture, every rotary_dim up to 256 (so every step count, every
+// overlapping last step and every row shorter than a step, odd pair counts
+// included), both pairings and directions, in place and out of place, with
+// gaps between heads: bit for bit the float kernel of the same architecture
+// on the exactly widened values, rounded once by the scalar conversion.
+// Both compute each pair with the same two multiply-adds, so they agree
+// exactly; the gaps between heads are never touched.
+template <class H>
+void expect_16_bit_kernels_match_float() {
+  rope_test::for_each_arch<float>([&](auto arch) {
+    using Arch = decltype(arch);
+    for_each_style([&](auto style_tag) {
+      constexpr Style S = decltype(style_tag)::value;
+      for (Direction dir : kDirections) {
+        for (std::size_t r = 2; r <= kMaxRotaryDim; r += 2) {
+          const std::size_t heads = 1 + r % 3, stride = r + 2 + r % 5;
+          const auto cs = rope_test::random_vector<float>(r, static_cast<std::uint32_t>(7 * r));
+          const auto values = rope_test::random_vector<float>(heads * stride, static_cast<std::uint32_t>(r));
+          std::vector<H> x(heads * stride);
+          std::vector<float> wide(heads * stride);
+          for (std::size_t i = 0; i < x.size(); ++i) {
+            x[i] = H(values[i]);
+            wide[i] = static_cast<float>(x[i]);
+          }
+          rope::rotate_heads<S, float, Arch>(wide.data(), std::ptrdiff_t(stride), wide.data(), std::ptrdiff_t(stride),
+                                             heads, cs.data(), cs.data() + r / 2, r, dir);
+          for (bool in_place : {false, true}) {
+            std::vector<H> y = in_place ? x : std::vector<H>(x.size(), H(-7.0f));
+            const std::vector<H> before = y;
+            std::vector<float> work(r + 2);
+            rope::detail::rotate_heads_16<S, H, Arch>(x.data(), std::ptrdiff_t(stride), y.data(),
+                                                      std::ptrdiff_t(stride), heads, cs.data(), cs.data() + r / 2, r,
+                                                      dir, work.data());
+            for (std::size_t h = 0; h < heads; ++h) {
+              for (std::size_t i = 0; i < stride; ++i) {
+                const std::size_t at = h * stride + i;
+                const std::uint16_t want = i < r ? H(wide[at]).bits : before[at].bits;
+                ASSERT_EQ(y[at].bits, want) << Arch::name() << " " << rope::name(S) << " " << rope::name(dir)
+                                            << " r=" << r << (in_place ? " in place" : "") << " head " << h
+                                            << " channel " << i;
+              }
+            }
+          }
+        }
+      }
+    });
+  });
+}
+
+TEST(Kernels16, BFloat16MatchesTheFloatKernelRoundedOnce) { expect_16_bit_kernels_match_float<rope::BFloat16>(); }
+TEST(Kernels16, Float16MatchesTheFloatKernelRoundedOnce) { expect_16_bit_kernels_match_float<rope::Float16>(); }
 
 }  // namespace

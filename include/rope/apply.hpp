@@ -29,6 +29,7 @@
 #include <type_traits>
 
 #include "detail/error.hpp"
+#include "detail/loops.hpp"
 #include "detail/token_loop.hpp"
 #include "half.hpp"
 #include "options.hpp"
@@ -97,7 +98,7 @@ inline void check_positions(const char* fn, const Positions& p, std::size_t toke
   }
 }
 
-template <class T, class U>
+template <class Arch, class T, class U>
 void apply_positions(const char* fn, const Pass<T>* passes, std::size_t count, const char* const* in_names,
                      const char* const* out_names, const Table<U>& table, Style style, const Positions& positions,
                      const Options& options) {
@@ -106,13 +107,10 @@ void apply_positions(const char* fn, const Pass<T>* passes, std::size_t count, c
   check_passes(fn, passes, count, in_names, out_names);
   check_rotary_fits(fn, in_names, passes, count, rotary_dim);
   check_positions(fn, positions, passes[0].in.tokens, table.positions());
-  with_style(style, [&](auto s) {
-    run<decltype(s)::value, xsimd::default_arch, T, U>(passes, count, SingleAxis<U>{&table, positions}, rotary_dim,
-                                                       options);
-  });
+  run_loop<Arch>(style, passes, count, SingleAxis<U>(table, positions), rotary_dim, options);
 }
 
-template <class T, class U>
+template <class Arch, class T, class U>
 void apply_qk_positions(const View<const T>& q_in, const View<const T>& k_in, const View<T>& q_out,
                         const View<T>& k_out, const Table<U>& table, Style style, const Positions& positions,
                         const Options& options, bool in_place) {
@@ -124,7 +122,7 @@ void apply_qk_positions(const View<const T>& q_in, const View<const T>& k_in, co
   const Pass<T> passes[2] = {{q_in, q_out}, {k_in, k_out}};
   static const char* const kIn[2] = {"q", "k"};
   static const char* const kOut[2] = {"q_out", "k_out"};
-  apply_positions(fn, passes, 2, kIn, in_place ? kIn : kOut, table, style, positions, options);
+  apply_positions<Arch>(fn, passes, 2, kIn, in_place ? kIn : kOut, table, style, positions, options);
 }
 
 }  // namespace detail
@@ -132,37 +130,37 @@ void apply_qk_positions(const View<const T>& q_in, const View<const T>& k_in, co
 // Rotates x in place. positions: one id per token (const std::int64_t*) or
 // the position of token 0 (any integer; token t is at offset + t, e.g. a KV
 // cache that already holds offset tokens).
-template <class T, class U>
+template <class T, class U, class Arch = xsimd::default_arch>
 void apply(View<T> x, const Table<U>& table, Style style, Positions positions, Options options = {}) {
   const detail::Pass<T> pass{x, x};
   static const char* const kName[1] = {"x"};
-  detail::apply_positions("rope::apply", &pass, 1, kName, kName, table, style, positions, options);
+  detail::apply_positions<Arch>("rope::apply", &pass, 1, kName, kName, table, style, positions, options);
 }
 
 // Out of place: out = rotated x, channels past rotary_dim copied. out may be
 // x itself (in place) but must not otherwise overlap it.
-template <class T, class U>
+template <class T, class U, class Arch = xsimd::default_arch>
 void apply(detail::type_identity_t<View<const T>> x, View<T> out, const Table<U>& table, Style style,
            Positions positions, Options options = {}) {
   const detail::Pass<T> pass{x, out};
   static const char* const kIn[1] = {"x"};
   static const char* const kOut[1] = {"out"};
-  detail::apply_positions("rope::apply", &pass, 1, kIn, kOut, table, style, positions, options);
+  detail::apply_positions<Arch>("rope::apply", &pass, 1, kIn, kOut, table, style, positions, options);
 }
 
 // Rotates Q and K in place in one pass over tokens: each token's cos/sin row
 // is read once for all its Q and K heads. k may have fewer heads than q
 // (grouped-query attention); q.heads must be a multiple of k.heads.
-template <class T, class U>
+template <class T, class U, class Arch = xsimd::default_arch>
 void apply_qk(View<T> q, View<T> k, const Table<U>& table, Style style, Positions positions, Options options = {}) {
-  detail::apply_qk_positions<T, U>(q, k, q, k, table, style, positions, options, true);
+  detail::apply_qk_positions<Arch, T, U>(q, k, q, k, table, style, positions, options, true);
 }
 
 // Out of place: q_out, k_out = rotated q, k.
-template <class T, class U>
+template <class T, class U, class Arch = xsimd::default_arch>
 void apply_qk(detail::type_identity_t<View<const T>> q, detail::type_identity_t<View<const T>> k, View<T> q_out,
               View<T> k_out, const Table<U>& table, Style style, Positions positions, Options options = {}) {
-  detail::apply_qk_positions<T, U>(q, k, q_out, k_out, table, style, positions, options, false);
+  detail::apply_qk_positions<Arch, T, U>(q, k, q_out, k_out, table, style, positions, options, false);
 }
 
 }  // namespace rope

@@ -55,28 +55,6 @@ struct PairAxes {
 
 namespace detail {
 
-// cos/sin of one token gathered pair by pair from the rows of its per-axis
-// positions: pair p at angle positions[axis(p)] * theta_p.
-template <class C>
-struct MultiAxis {
-  const Table<C>* table;
-  const std::int64_t* positions;  // [axes, tokens]
-  std::size_t tokens;
-  const std::uint8_t* axis_of_pair;  // rotary_dim/2 values
-  std::size_t pairs;
-  void row(std::size_t t, C* scratch, const C*& cos, const C*& sin) const noexcept {
-    C* c = scratch;
-    C* s = scratch + pairs;
-    for (std::size_t p = 0; p < pairs; ++p) {
-      const auto m = static_cast<std::size_t>(positions[axis_of_pair[p] * tokens + t]);
-      c[p] = table->cos(m)[p];
-      s[p] = table->sin(m)[p];
-    }
-    cos = c;
-    sin = s;
-  }
-};
-
 // Which axis each pair follows, checked against the sections.
 inline std::vector<std::uint8_t> mrope_axes(const char* fn, const MropeSections& sections, std::size_t pairs) {
   const auto& s = sections.pairs;
@@ -122,7 +100,7 @@ inline void check_pair_axes(const char* fn, const PairAxes& pa, std::size_t pair
   }
 }
 
-template <class T, class U>
+template <class Arch, class T, class U>
 void apply_axes(const char* fn, const View<T>& x, const Table<U>& table, Style style, const std::int64_t* positions,
                 std::size_t axes, const std::vector<std::uint8_t>& axis_of_pair, std::size_t rotary_dim,
                 const Options& options) {
@@ -139,10 +117,9 @@ void apply_axes(const char* fn, const View<T>& x, const Table<U>& table, Style s
       }
     }
   }
-  const MultiAxis<U> source{&table, positions, x.tokens, axis_of_pair.data(), rotary_dim / 2};
-  with_style(style, [&](auto s) {
-    run<decltype(s)::value, xsimd::default_arch, T, U>(&pass, 1, source, rotary_dim, options);
-  });
+  const MultiAxis<U> source{table.cos(0), table.rotary_dim() / 2, positions, x.tokens, axis_of_pair.data(),
+                            rotary_dim / 2};
+  run_loop<Arch>(style, &pass, 1, source, rotary_dim, options);
 }
 
 }  // namespace detail
@@ -150,25 +127,26 @@ void apply_axes(const char* fn, const View<T>& x, const Table<U>& table, Style s
 // Multi-axis RoPE in place with any pair -> axis layout: positions is
 // [pair_axes.axes, tokens]; pair p is rotated by
 // positions[pair_axes.axis[p]] * theta_p. pair_axes lists rotary_dim/2 axes.
-template <class T, class U>
+template <class T, class U, class Arch = xsimd::default_arch>
 void apply_mrope(View<T> x, const Table<U>& table, Style style, const std::int64_t* positions,
                  const PairAxes& pair_axes, Options options = {}) {
   detail::check_types<T, U>();
   const char* fn = "rope::apply_mrope";
   const std::size_t rotary_dim = detail::resolve_rotary_dim(fn, options, table.rotary_dim());
   detail::check_pair_axes(fn, pair_axes, rotary_dim / 2);
-  detail::apply_axes(fn, x, table, style, positions, pair_axes.axes, pair_axes.axis, rotary_dim, options);
+  detail::apply_axes<Arch>(fn, x, table, style, positions, pair_axes.axes, pair_axes.axis, rotary_dim, options);
 }
 
 // M-RoPE in place: positions is [3, tokens] (all t, then all h, then all w);
 // pair p is rotated by positions[axis(p)] * theta_p, axis(p) given by the
 // sections. With all three axes equal this is plain RoPE.
-template <class T, class U>
+template <class T, class U, class Arch = xsimd::default_arch>
 void apply_mrope(View<T> x, const Table<U>& table, Style style, const std::int64_t* positions,
                  const MropeSections& sections, Options options = {}) {
   const char* fn = "rope::apply_mrope";
   const std::size_t rotary_dim = detail::resolve_rotary_dim(fn, options, table.rotary_dim());
-  apply_mrope(x, table, style, positions, PairAxes{detail::mrope_axes(fn, sections, rotary_dim / 2), 3}, options);
+  apply_mrope<T, U, Arch>(x, table, style, positions, PairAxes{detail::mrope_axes(fn, sections, rotary_dim / 2), 3},
+                          options);
 }
 
 inline PairAxes PairAxes::sections(const MropeSections& s, std::size_t pairs) {
@@ -189,7 +167,7 @@ inline PairAxes PairAxes::hw_alternating(std::size_t hw_pairs, std::size_t pairs
 // rows, then all columns); the first rotary_dim/4 pairs follow the row, the
 // rest the column. Build the table from axial_frequencies for the usual
 // schedule, one rotary_dim/2-channel RoPE per axis.
-template <class T, class U>
+template <class T, class U, class Arch = xsimd::default_arch>
 void apply_axial(View<T> x, const Table<U>& table, Style style, const std::int64_t* positions,
                  Options options = {}) {
   detail::check_types<T, U>();
@@ -200,7 +178,7 @@ void apply_axial(View<T> x, const Table<U>& table, Style style, const std::int64
   }
   std::vector<std::uint8_t> axes(rotary_dim / 2, 0);
   std::fill(axes.begin() + static_cast<std::ptrdiff_t>(rotary_dim / 4), axes.end(), std::uint8_t{1});
-  detail::apply_axes(fn, x, table, style, positions, 2, axes, rotary_dim, options);
+  detail::apply_axes<Arch>(fn, x, table, style, positions, 2, axes, rotary_dim, options);
 }
 
 }  // namespace rope

@@ -12,6 +12,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "detail/inline.hpp"
 #include "style.hpp"
 
 namespace rope {
@@ -41,8 +42,9 @@ class Positions {
   std::int64_t offset() const noexcept {
     return beyond_int64_ ? std::numeric_limits<std::int64_t>::max() : offset_;
   }
-  // Position of token t (unchecked).
-  std::int64_t at(std::size_t t) const noexcept {
+  // Position of token t (unchecked). Forced inline: the token loop calls it
+  // from code compiled once per instruction set (detail/inline.hpp).
+  ROPE_ALWAYS_INLINE std::int64_t at(std::size_t t) const noexcept {
     return by_id_ ? ids_[t] : offset_ + static_cast<std::int64_t>(t);
   }
 

@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "detail/error.hpp"
+#include "detail/inline.hpp"
 
 namespace rope {
 
@@ -66,7 +67,10 @@ struct View {
     return View(base + first_head * head_dim, tokens, heads, head_dim, total_heads * head_dim, head_dim);
   }
 
-  T* row(std::size_t t, std::size_t h) const noexcept { return data + t * token_stride + h * head_stride; }
+  // Forced inline, like Positions::at (detail/inline.hpp).
+  ROPE_ALWAYS_INLINE T* row(std::size_t t, std::size_t h) const noexcept {
+    return data + t * token_stride + h * head_stride;
+  }
 
   // Tokens first .. first+count-1 (unchecked: first + count <= tokens), e.g.
   // the part of a KV cache a decode step writes.
@@ -117,6 +121,17 @@ std::size_t span_elements(const View<T>& v) noexcept {
   return (v.tokens - 1) * v.token_stride + (v.heads - 1) * v.head_stride + v.head_dim;
 }
 
+// Whether a * b > limit, exactly, without a division: a 64-bit division is
+// slow enough to be most of the cost of a decode step's checks.
+inline bool product_above(std::size_t a, std::size_t b, std::size_t limit) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  std::size_t product;
+  return __builtin_mul_overflow(a, b, &product) || product > limit;
+#else
+  return b != 0 && a > limit / b;
+#endif
+}
+
 // Shape and row layout of one view. Rows must not overlap: sorted by stride,
 // each dimension must step past everything the smaller ones cover (the usual
 // nested layouts; an interleaving of rows that happens not to collide is
@@ -137,7 +152,7 @@ void check_view(const char* fn, const char* name, const View<T>& v) {
     if (d.stride < covered) {
       fail(fn, field(name, d.name), ">= " + to_text(covered) + " (rows would overlap)", d.stride);
     }
-    if (d.stride > std::numeric_limits<std::size_t>::max() / 2 / d.count) {
+    if (product_above(d.stride, d.count, std::numeric_limits<std::size_t>::max() / 2)) {
       fail(fn, field(name, d.name), "small enough to stay inside the address range", d.stride);
     }
     covered += d.stride * (d.count - 1);

@@ -1,7 +1,7 @@
 // rope/attention/common.hpp — what every attention header shares: the matrix
 // types, RoPE inside attention (rotate Q and K, never V), which keys a query
-// sees (causal, sliding window, sequence ids, all by position), the checks
-// and the thread pool of a call.
+// sees (causal, sliding window, sequence ids, all by position) and the
+// checks.
 //
 //   q_i -> R_(pq_i) q_i,  k_j -> R_(pk_j) k_j   (R_p: the library's rotation)
 //   key j is visible to query i iff  (not causal or pk_j <= pq_i)
@@ -23,17 +23,16 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <exception>
 #include <limits>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
 #include <Eigen/Core>
 
 #include "../detail/error.hpp"
+#include "../detail/parallel.hpp"
 #include "../kernels.hpp"
 #include "../style.hpp"
 #include "../table.hpp"
@@ -63,6 +62,7 @@ namespace detail {
 
 using rope::detail::fail;
 using rope::detail::indexed;
+using rope::detail::parallel_for;
 using rope::detail::to_text;
 
 template <class T>
@@ -242,48 +242,6 @@ void shift_rows(Eigen::MatrixBase<Derived>& x, const V& c, bool exponentiate) {
 template <class T>
 T guard(T r, T delta) noexcept {
   return std::abs(r) <= delta ? r + 2 * delta : r;
-}
-
-// Runs work(item, worker) for items 0 .. count-1 on `threads` threads (the
-// caller is one of them). Item i always goes to the same contiguous share
-// whatever the thread count, and each item is computed the same way, so the
-// results do not depend on it. A thread that cannot start has its share run
-// by the caller; an exception in a worker (memory exhausted) is rethrown
-// here after every thread has joined.
-template <class Work>
-void parallel_for(std::size_t count, std::size_t threads, Work&& work) {
-  const std::size_t workers = std::max<std::size_t>(1, std::min(threads, count));
-  const auto share = [&](std::size_t w) {
-    for (std::size_t i = count * w / workers; i < count * (w + 1) / workers; ++i) work(i, w);
-  };
-  if (workers == 1) {
-    share(0);
-    return;
-  }
-  std::vector<std::exception_ptr> errors(workers);
-  const auto guarded = [&](std::size_t w) noexcept {
-    try {
-      share(w);
-    } catch (...) {
-      errors[w] = std::current_exception();
-    }
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(workers - 1);
-  std::size_t started = 1;
-  for (; started < workers; ++started) {
-    try {
-      pool.emplace_back(guarded, started);
-    } catch (...) {
-      break;
-    }
-  }
-  for (std::size_t w = started; w < workers; ++w) guarded(w);
-  guarded(0);
-  for (auto& t : pool) t.join();
-  for (const auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
 }
 
 // Multi-head tensors: every view valid alone, shapes consistent, grouped

@@ -8,10 +8,13 @@
 
 #include <cstddef>
 
+#include "inline.hpp"
+
 namespace rope::detail {
 
-// Prefetches `bytes` from p into the caches (for reading).
-inline void prefetch(const void* p, std::size_t bytes) noexcept {
+// Prefetches `bytes` from p into the caches (for reading). Forced inline:
+// called from code compiled once per instruction set (inline.hpp).
+ROPE_ALWAYS_INLINE void prefetch(const void* p, std::size_t bytes) noexcept {
 #if defined(__GNUC__)
   const auto* c = static_cast<const char*>(p);
   for (std::size_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i, 0, 3);
@@ -22,7 +25,7 @@ inline void prefetch(const void* p, std::size_t bytes) noexcept {
 }
 
 // Prefetches `rows` rows of `bytes` each, row r at p + r * stride bytes.
-inline void prefetch_rows(const void* p, std::size_t rows, std::size_t stride, std::size_t bytes) noexcept {
+ROPE_ALWAYS_INLINE void prefetch_rows(const void* p, std::size_t rows, std::size_t stride, std::size_t bytes) noexcept {
   const auto* c = static_cast<const char*>(p);
   for (std::size_t r = 0; r < rows; ++r) prefetch(c + r * stride, bytes);
 }

@@ -7,8 +7,13 @@
 //   - batch_constant<batch<U, A>, V...> (<= 12) vs batch_constant<U, A, V...>
 //     (>= 13): masks are built from an index_sequence, never with
 //     make_batch_constant, whose argument order changed every major;
+//   - bitwise_cast<batch<U, A>>(x) (<= 12) vs bitwise_cast<U>(x) (>= 13):
+//     as_float / as_bits below;
+//   - fma/fnma: 8.1 has no AVX-512 or NEON kernel for them and computes
+//     x * y + z, which the compiler may contract with either product, so
+//     the rounding would be the compiler's choice: mul_add / neg_mul_add;
 //   - the batch constructor from lane values (initializer_list in 8.1,
-//     variadic later);
+//     variadic later): never used;
 //   - hadd (8.1) vs reduce_add (10 and later);
 //   - available_architectures().best vs .has(A{}), and Arch::version(),
 //     which is gone in 13;
@@ -23,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
@@ -80,16 +86,123 @@ xsimd::batch<T, Arch> duplicate_high(const xsimd::batch<T, Arch>& v) noexcept {
   return xsimd::swizzle(v, mask<T, Arch, DuplicateHigh>());
 }
 
-// (even, odd, even, odd, ...). Brace initialisation is the spelling every
-// version accepts: 8.1 has an initializer_list constructor, later versions a
-// variadic one.
-template <class T, class Arch, std::size_t... I>
-xsimd::batch<T, Arch> alternating(T even, T odd, std::index_sequence<I...>) noexcept {
-  return xsimd::batch<T, Arch>{(I % 2 == 0 ? even : odd)...};
-}
+// (even, odd, even, odd, ...), loaded from an array: the batch constructor
+// from lane values differs between versions (an initializer_list in 8.1,
+// variadic later), and 8.1's leaves out-of-line std::initializer_list
+// accessors in unoptimised builds, which rope::dispatch must not have
+// (detail/inline.hpp). Optimised builds fold the load into a constant.
 template <class T, class Arch>
 xsimd::batch<T, Arch> alternating(T even, T odd) noexcept {
-  return alternating<T, Arch>(even, odd, std::make_index_sequence<xsimd::batch<T, Arch>::size>{});
+  constexpr std::size_t n = xsimd::batch<T, Arch>::size;
+  T lanes[n];
+  for (std::size_t i = 0; i < n; ++i) lanes[i] = i % 2 == 0 ? even : odd;
+  return xsimd::batch<T, Arch>::load_unaligned(lanes);
+}
+
+// The bits of a float batch as unsigned lanes, and back: free reinterpretations.
+template <class Arch>
+xsimd::batch<float, Arch> as_float(const xsimd::batch<std::uint32_t, Arch>& v) noexcept {
+#if XSIMD_VERSION_MAJOR >= 13
+  return xsimd::bitwise_cast<float>(v);
+#else
+  return xsimd::bitwise_cast<xsimd::batch<float, Arch>>(v);
+#endif
+}
+template <class Arch>
+xsimd::batch<std::uint32_t, Arch> as_bits(const xsimd::batch<float, Arch>& v) noexcept {
+#if XSIMD_VERSION_MAJOR >= 13
+  return xsimd::bitwise_cast<std::uint32_t>(v);
+#else
+  return xsimd::bitwise_cast<xsimd::batch<std::uint32_t, Arch>>(v);
+#endif
+}
+
+// x * y + z and z - x * y, each rounded once where Arch has fused
+// multiply-adds, twice where it has none (SSE2). Calling the instruction
+// itself where xsimd 8.1 would write x * y + z keeps the result what the
+// kernel spells: with GCC's default -ffp-contract=fast, z - x * y with z a
+// product a * c may otherwise become fma(a, c, -(x * y)), rounding the other
+// product, and differ in the last bit from the same kernel on another
+// instruction set or xsimd version.
+template <class T, class Arch>
+xsimd::batch<T, Arch> mul_add(const xsimd::batch<T, Arch>& x, const xsimd::batch<T, Arch>& y,
+                              const xsimd::batch<T, Arch>& z) noexcept {
+#if XSIMD_VERSION_MAJOR < 13 && defined(__AVX512F__)
+  if constexpr (std::is_base_of<xsimd::avx512f, Arch>::value) {
+    if constexpr (std::is_same<T, float>::value) return _mm512_fmadd_ps(x, y, z);
+    if constexpr (std::is_same<T, double>::value) return _mm512_fmadd_pd(x, y, z);
+  }
+#endif
+#if XSIMD_VERSION_MAJOR < 13 && defined(__aarch64__)
+  if constexpr (std::is_base_of<xsimd::neon64, Arch>::value) {
+    if constexpr (std::is_same<T, float>::value) return vfmaq_f32(z, x, y);
+    if constexpr (std::is_same<T, double>::value) return vfmaq_f64(z, x, y);
+  }
+#endif
+  return xsimd::fma(x, y, z);
+}
+template <class T, class Arch>
+xsimd::batch<T, Arch> neg_mul_add(const xsimd::batch<T, Arch>& x, const xsimd::batch<T, Arch>& y,
+                                  const xsimd::batch<T, Arch>& z) noexcept {
+#if XSIMD_VERSION_MAJOR < 13 && defined(__AVX512F__)
+  if constexpr (std::is_base_of<xsimd::avx512f, Arch>::value) {
+    if constexpr (std::is_same<T, float>::value) return _mm512_fnmadd_ps(x, y, z);
+    if constexpr (std::is_same<T, double>::value) return _mm512_fnmadd_pd(x, y, z);
+  }
+#endif
+#if XSIMD_VERSION_MAJOR < 13 && defined(__aarch64__)
+  if constexpr (std::is_base_of<xsimd::neon64, Arch>::value) {
+    if constexpr (std::is_same<T, float>::value) return vfmsq_f32(z, x, y);
+    if constexpr (std::is_same<T, double>::value) return vfmsq_f64(z, x, y);
+  }
+#endif
+  return xsimd::fnma(x, y, z);
+}
+
+// A batch from the first `bytes` bytes at p (bytes <= the batch's size; the
+// rest of the lanes zero), and the first `bytes` bytes of v stored at p:
+// nothing past them is read or written. With AVX-512BW one masked load or
+// store at byte granularity; elsewhere through a small buffer. For the rows
+// shorter than one batch (partial rotary: 24 channels against AVX-512's 16
+// float lanes).
+template <class B>
+B load_partial(const void* p, std::size_t bytes) noexcept {
+  using T = typename B::value_type;
+#if defined(__AVX512BW__)
+  if constexpr (std::is_base_of<xsimd::avx512bw, typename B::arch_type>::value) {
+    const __mmask64 mask = bytes >= 64 ? ~__mmask64(0) : (__mmask64(1) << bytes) - 1;
+    const __m512i v = _mm512_maskz_loadu_epi8(mask, p);
+    if constexpr (std::is_same<T, float>::value) return _mm512_castsi512_ps(v);
+    if constexpr (std::is_same<T, double>::value) return _mm512_castsi512_pd(v);
+    if constexpr (std::is_integral<T>::value) return v;
+  }
+#endif
+  T lanes[B::size] = {};
+  std::memcpy(lanes, p, bytes);
+  return B::load_unaligned(lanes);
+}
+template <class B>
+void store_partial(const B& v, void* p, std::size_t bytes) noexcept {
+  using T = typename B::value_type;
+#if defined(__AVX512BW__)
+  if constexpr (std::is_base_of<xsimd::avx512bw, typename B::arch_type>::value) {
+    const __mmask64 mask = bytes >= 64 ? ~__mmask64(0) : (__mmask64(1) << bytes) - 1;
+    if constexpr (std::is_same<T, float>::value) return _mm512_mask_storeu_epi8(p, mask, _mm512_castps_si512(v));
+    if constexpr (std::is_same<T, double>::value) return _mm512_mask_storeu_epi8(p, mask, _mm512_castpd_si512(v));
+    if constexpr (std::is_integral<T>::value) return _mm512_mask_storeu_epi8(p, mask, v);
+  }
+#endif
+  T lanes[B::size];
+  v.store_unaligned(lanes);
+  std::memcpy(p, lanes, bytes);
+}
+
+// How many vector registers code for Arch has: 32 with AVX-512 and on
+// aarch64, 16 otherwise (SSE and AVX on x86-64, 32-bit NEON): what sizes the
+// blocks of constants the kernels reuse across head vectors.
+template <class Arch>
+constexpr std::size_t vector_registers() noexcept {
+  return std::is_base_of<xsimd::avx512f, Arch>::value || std::is_base_of<xsimd::neon64, Arch>::value ? 32 : 16;
 }
 
 // The sum of the lanes: hadd in xsimd 8.1, reduce_add since 10 (hadd is gone in 14).

@@ -4,39 +4,40 @@
 // (read-for-ownership), so writing N bytes of a large output moves 2N bytes;
 // a streaming store writes the line without reading it, as large memcpy
 // calls do. Worth it only for outputs much larger than the cache, and a
-// streamed line is not in cache afterwards. Uses the widest store the
-// compiler flags enable; with none of them this is memcpy.
+// streamed line is not in cache afterwards.
+//
+// Templated on the xsimd architecture, like the kernels that call it: the
+// store is as wide as Arch's vectors (16, 32 or 64 bytes on x86), so the
+// copy compiled for one instruction set never stands in for another's.
+// Architectures without streaming stores in rope (Arm) use memcpy.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__) || defined(__AVX__) || defined(__SSE2__)
+#include <xsimd/xsimd.hpp>
+
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__) || defined(_M_IX86)
 #include <immintrin.h>
+#define ROPE_STREAMING_STORES 1
+#else
+#define ROPE_STREAMING_STORES 0
 #endif
 
 namespace rope::detail {
 
-#if defined(__AVX512F__)
-constexpr std::size_t kStreamWidth = 64;
-#elif defined(__AVX__)
-constexpr std::size_t kStreamWidth = 32;
-#elif defined(__SSE2__)
-constexpr std::size_t kStreamWidth = 16;
-#else
-constexpr std::size_t kStreamWidth = 0;
-#endif
-
-// Copies bytes from src to dst (no overlap). The part of dst aligned to
-// kStreamWidth is written with streaming stores, the ragged ends with memcpy.
+// Copies bytes from src to dst (no overlap). The part of dst aligned to a
+// vector is written with streaming stores, the ragged ends with memcpy.
 // Call stream_fence() before another thread may read dst.
-inline void stream_copy(void* dst, const void* src, std::size_t bytes) noexcept {
+template <class Arch>
+void stream_copy(void* dst, const void* src, std::size_t bytes) noexcept {
   auto* d = static_cast<unsigned char*>(dst);
   const auto* s = static_cast<const unsigned char*>(src);
-#if defined(__AVX512F__) || defined(__AVX__) || defined(__SSE2__)
-  const std::size_t misalign = reinterpret_cast<std::uintptr_t>(d) % kStreamWidth;
-  const std::size_t head = misalign == 0 ? 0 : kStreamWidth - misalign;
+#if ROPE_STREAMING_STORES
+  constexpr std::size_t kWidth = sizeof(xsimd::batch<float, Arch>);
+  const std::size_t misalign = reinterpret_cast<std::uintptr_t>(d) % kWidth;
+  const std::size_t head = misalign == 0 ? 0 : kWidth - misalign;
   if (head >= bytes) {
     std::memcpy(d, s, bytes);
     return;
@@ -45,15 +46,14 @@ inline void stream_copy(void* dst, const void* src, std::size_t bytes) noexcept 
   d += head;
   s += head;
   bytes -= head;
-  for (; bytes >= kStreamWidth; bytes -= kStreamWidth, d += kStreamWidth, s += kStreamWidth) {
-#if defined(__AVX512F__)
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(d), _mm512_loadu_si512(s));
-#elif defined(__AVX__)
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(d),
-                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
-#else
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
-#endif
+  for (; bytes >= kWidth; bytes -= kWidth, d += kWidth, s += kWidth) {
+    if constexpr (kWidth == 64) {
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(d), _mm512_loadu_si512(s));
+    } else if constexpr (kWidth == 32) {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(d), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+    } else {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+    }
   }
 #endif
   std::memcpy(d, s, bytes);
@@ -61,8 +61,9 @@ inline void stream_copy(void* dst, const void* src, std::size_t bytes) noexcept 
 
 // Orders this thread's streaming stores before its later stores (and so
 // before a join that publishes them).
-inline void stream_fence() noexcept {
-#if defined(__AVX512F__) || defined(__AVX__) || defined(__SSE2__)
+template <class Arch>
+void stream_fence() noexcept {
+#if ROPE_STREAMING_STORES
   _mm_sfence();
 #endif
 }

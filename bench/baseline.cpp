@@ -1,0 +1,60 @@
+// apply_baseline/<type>/<placement>/t1/<shape> and apply_dispatch/...: the
+// apply family's Llama-3-8B prefill and decode cases built the way a user's
+// program is, with no -march flag (rope_bench's other sources have
+// -march=native), run through rope's header-only path (baseline: SSE2 on
+// x86-64) and through rope::dispatch. Read against apply/<type>/... of the
+// same run, the -march=native build: the report prints dispatch / native and
+// baseline / native.
+//
+// ROPE_BENCH_DISPATCH=<name> pins the instruction set dispatch uses (e.g.
+// fma3+avx2 on an AVX-512 machine, to measure the AVX2 class of CPU);
+// by default it picks the best one, as a user's program would.
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+
+#include <rope/dispatch.hpp>
+
+#include "apply_cases.hpp"
+
+namespace {
+
+// Dispatch is installed for the case only: every other case runs the loop
+// compiled in its own translation unit.
+template <class T>
+void dispatch_case(benchmark::State& state, QkShape shape, Placement placement, std::size_t threads) {
+  rope::dispatch::install();
+  apply_case<T>(state, shape, placement, threads);
+  rope::dispatch::uninstall();
+}
+
+template <class T>
+void register_builds(const char* type) {
+  for (const QkShape& shape : {kPrefill, kDecode}) {
+    for (Placement p : {Placement::in_place, Placement::out_of_place}) {
+      const std::string suffix = "/" + std::string(type) + "/" + name(p) + "/t1/" + shape.q.name;
+      benchmark::RegisterBenchmark(("apply_baseline" + suffix).c_str(), apply_case<T>, shape, p, 1)->UseRealTime();
+      benchmark::RegisterBenchmark(("apply_dispatch" + suffix).c_str(), dispatch_case<T>, shape, p, 1)
+          ->UseRealTime();
+    }
+  }
+}
+
+const bool kRegistered = [] {
+  if (const char* pinned = std::getenv("ROPE_BENCH_DISPATCH")) {
+    try {
+      rope::dispatch::force(pinned);
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "ROPE_BENCH_DISPATCH: %s\n", e.what());
+      std::exit(2);
+    }
+  }
+  rope::dispatch::uninstall();
+  benchmark::AddCustomContext("rope_dispatch_arch", rope::dispatch::arch());
+  benchmark::AddCustomContext("rope_baseline_arch", xsimd::default_arch::name());
+  register_builds<float>("f32");
+  register_builds<rope::BFloat16>("bf16");
+  return true;
+}();
+
+}  // namespace

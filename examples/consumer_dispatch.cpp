@@ -1,0 +1,41 @@
+// The program consumer projects build against rope::dispatch, with their own
+// (baseline) flags: it fails (exit 1) unless dispatch installs an
+// instruction set this CPU runs and rope::apply, run through it, keeps the
+// relative-position property <R_m q, R_n k> = <q, R_(n-m) k>.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <rope/dispatch.hpp>
+#include <rope/rope.hpp>
+
+int main() {
+  const std::string arch = rope::dispatch::install();
+  const auto available = rope::dispatch::available();
+  if (std::find(available.begin(), available.end(), arch) == available.end()) return 1;
+
+  constexpr std::size_t head_dim = 128;
+  const rope::Table<float> table(rope::frequencies(head_dim), 64);
+  std::vector<float> q(head_dim), k(head_dim);
+  for (std::size_t i = 0; i < head_dim; ++i) {
+    q[i] = std::sin(0.3f * i + 0.1f);
+    k[i] = std::cos(0.7f * i - 0.2f);
+  }
+  const auto rotated = [&](std::vector<float> x, std::int64_t position) {
+    rope::apply(rope::View<float>::token_major(x.data(), 1, 1, head_dim), table, rope::Style::rotate_half,
+                position);
+    return x;
+  };
+  const std::int64_t m = 17, n = 40;
+  const auto rq = rotated(q, m), rk = rotated(k, n), rk_rel = rotated(k, n - m);
+  double absolute = 0, relative = 0;
+  for (std::size_t i = 0; i < head_dim; ++i) {
+    absolute += double(rq[i]) * rk[i];
+    relative += double(q[i]) * rk_rel[i];
+  }
+  std::printf("rope::dispatch runs %s: <R_m q, R_n k> = %.6f, <q, R_(n-m) k> = %.6f\n", arch.c_str(), absolute,
+              relative);
+  return std::fabs(absolute - relative) < 1e-4 ? 0 : 1;
+}

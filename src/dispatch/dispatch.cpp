@@ -1,0 +1,164 @@
+// rope::dispatch: choosing and installing a token-loop table (isa.hpp).
+// Compiled with the library's baseline flags: nothing here may use an
+// instruction the CPU has not been checked for.
+#include <rope/dispatch.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <rope/detail/error.hpp>
+#include <rope/detail/loops.hpp>
+#include <rope/detail/simd.hpp>
+
+#include "isa.hpp"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+namespace rope::dispatch {
+namespace {
+
+#if defined(__x86_64__)
+// XCR0: which register states the operating system saves on a context
+// switch. A CPU may report AVX or AVX-512 that the OS leaves disabled, and
+// xsimd 8.1 does not look (13 and later do; the check is cheap, so it runs
+// for every version).
+std::uint64_t os_saved_state() noexcept {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(1, &a, &b, &c, &d) == 0 || (c & (1u << 27)) == 0) return 0;  // no OSXSAVE
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (static_cast<std::uint64_t>(hi) << 32) | lo;
+}
+
+template <class Arch>
+bool os_enables() noexcept {
+  constexpr std::uint64_t kSse = 0x2, kAvx = 0x4, kAvx512 = 0xe0;  // XMM, YMM, opmask + ZMM
+  if (std::is_base_of<xsimd::avx512f, Arch>::value) {
+    return (os_saved_state() & (kSse | kAvx | kAvx512)) == (kSse | kAvx | kAvx512);
+  }
+  if (std::is_base_of<xsimd::avx, Arch>::value) return (os_saved_state() & (kSse | kAvx)) == (kSse | kAvx);
+  return true;
+}
+#else
+template <class Arch>
+bool os_enables() noexcept {
+  return true;
+}
+#endif
+
+template <class Arch>
+bool cpu_runs() noexcept {
+  return detail::cpu_supports<Arch>() && os_enables<Arch>();
+}
+
+struct Target {
+  const detail::Loops* loops;
+  bool (*runs)() noexcept;
+};
+
+// Best first: the first one the CPU runs is the default.
+const Target kTargets[] = {
+#if ROPE_DISPATCH_HAS_AVX512
+    {&isa::avx512, cpu_runs<xsimd::avx512bw>},
+#endif
+#if ROPE_DISPATCH_HAS_AVX2
+    {&isa::avx2, cpu_runs<xsimd::fma3<xsimd::avx2>>},
+#endif
+#if ROPE_DISPATCH_HAS_SSE2
+    {&isa::sse2, cpu_runs<xsimd::sse2>},
+#endif
+#if ROPE_DISPATCH_HAS_NEON
+    {&isa::neon, cpu_runs<xsimd::neon64>},
+#endif
+};
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+// The best table the CPU runs, looked for once.
+const Target& best() {
+  static const Target* const chosen = [] {
+    for (const Target& t : kTargets) {
+      if (t.runs()) return &t;
+    }
+    return static_cast<const Target*>(nullptr);
+  }();
+  if (chosen == nullptr) {
+    // Only a build whose every table needs more than the CPU has (x86-64
+    // and aarch64 always have their baseline table).
+    detail::fail<std::runtime_error>("rope::dispatch", "this CPU",
+                                     "able to run one of the instruction sets built in (" + joined(compiled()) + ")",
+                                     "none of them");
+  }
+  return *chosen;
+}
+
+// What install() uses; null until the first call that needs it.
+std::atomic<const Target*> selected{nullptr};
+
+const Target& current() {
+  const Target* t = selected.load(std::memory_order_acquire);
+  if (t != nullptr) return *t;
+  const Target* expected = nullptr;
+  t = &best();
+  return selected.compare_exchange_strong(expected, t, std::memory_order_acq_rel) ? *t : *expected;
+}
+
+void select(const Target& t) {
+  selected.store(&t, std::memory_order_release);
+  detail::installed_loops.store(t.loops, std::memory_order_release);
+}
+
+}  // namespace
+
+const char* install() {
+  const Target& t = current();
+  detail::installed_loops.store(t.loops, std::memory_order_release);
+  return t.loops->arch;
+}
+
+void uninstall() noexcept { detail::installed_loops.store(nullptr, std::memory_order_release); }
+
+bool installed() noexcept { return detail::installed_loops.load(std::memory_order_acquire) != nullptr; }
+
+const char* arch() { return current().loops->arch; }
+
+std::vector<std::string> compiled() {
+  std::vector<std::string> names;
+  for (const Target& t : kTargets) names.emplace_back(t.loops->arch);
+  return names;
+}
+
+std::vector<std::string> available() {
+  std::vector<std::string> names;
+  for (const Target& t : kTargets) {
+    if (t.runs()) names.emplace_back(t.loops->arch);
+  }
+  return names;
+}
+
+void force(const std::string& name) {
+  for (const Target& t : kTargets) {
+    if (name != t.loops->arch) continue;
+    if (!t.runs()) {
+      detail::fail("rope::dispatch::force", "name", "an instruction set this CPU runs (" + joined(available()) + ")",
+                   name + " (built in, but this CPU does not run it)");
+    }
+    select(t);
+    return;
+  }
+  detail::fail("rope::dispatch::force", "name", "one of the instruction sets built in (" + joined(compiled()) + ")",
+               name);
+}
+
+void reset() { select(best()); }
+
+}  // namespace rope::dispatch

@@ -1,0 +1,173 @@
+// rope::dispatch, from a program built the way a user's is: baseline flags
+// (no -march, no rope::native), linked with rope::dispatch.
+//
+// What is asserted:
+//   - where the CPU has AVX2 with FMA, the instruction set chosen is AVX2 or
+//     AVX-512 (elsewhere the test says why it skips); on aarch64, NEON;
+//   - for every instruction set this CPU runs, forced, the tensor calls
+//     (apply in place and out of place, apply_qk with grouped-query heads,
+//     apply_mrope) give, bit for bit, the result with every rounding
+//     spelled out (rounding_oracle.hpp): fused multiply-adds for AVX2,
+//     AVX-512 and NEON, separate roundings for SSE2. This is the result of
+//     the compile-time build of that instruction set: test_apply checks the
+//     compile-time AVX2 and AVX-512 builds against the same oracle, bit for
+//     bit, and the SSE2 build is this file's own header-only path, compared
+//     directly below. Float, double, BFloat16 and Float16; both pairings and
+//     directions; full and partial rotary dims chosen so that rows end on a
+//     whole step, on an overlapping last step and shorter than a step for
+//     every instruction set; one and two threads; cached and streaming stores;
+//   - install, uninstall, force and reset do what they say, and force refuses
+//     a name it does not know, naming the choices.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <rope/dispatch.hpp>
+
+#include "rounding_oracle.hpp"
+
+namespace {
+
+bool is_x86_64() {
+#if defined(__x86_64__) || defined(_M_X64)
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool contains(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+// Whether the instruction set computes a*b+c with one rounding.
+bool fuses(const std::string& arch) { return arch != "sse2"; }
+
+// Restores the automatic choice, installed, after each test.
+class Dispatch : public ::testing::Test {
+ protected:
+  void TearDown() override { rope::dispatch::reset(); }
+};
+
+TEST_F(Dispatch, ThisTestIsBuiltWithBaselineFlags) {
+  // The premise of the file: without dispatch, this program would run the
+  // baseline instruction set.
+  if (is_x86_64()) {
+    EXPECT_STREQ(xsimd::default_arch::name(), "sse2");
+  } else {
+    GTEST_SKIP() << "baseline of this target: " << xsimd::default_arch::name();
+  }
+}
+
+TEST_F(Dispatch, ChoosesAvx2OrBetterWhereTheCpuHasIt) {
+  const auto available = rope::dispatch::available();
+  ASSERT_FALSE(available.empty());
+  const std::string chosen = rope::dispatch::install();
+  EXPECT_EQ(chosen, rope::dispatch::arch());
+  EXPECT_EQ(chosen, available.front()) << "the best instruction set this CPU runs comes first";
+  if (is_x86_64()) {
+    if (!contains(available, "fma3+avx2")) {
+      GTEST_SKIP() << "this CPU (or its operating system) has no AVX2 with FMA; chosen: " << chosen;
+    }
+    EXPECT_TRUE(chosen == "fma3+avx2" || chosen == "avx512bw") << chosen;
+    std::cout << "[ chosen   ] " << chosen << "\n";
+  } else {
+    EXPECT_EQ(chosen, "arm64+neon");
+  }
+}
+
+TEST_F(Dispatch, AvailableIsTheCompiledSetsThisCpuRunsBestFirst) {
+  const auto compiled = rope::dispatch::compiled();
+  const auto available = rope::dispatch::available();
+  if (is_x86_64()) {
+    EXPECT_EQ(compiled, (std::vector<std::string>{"avx512bw", "fma3+avx2", "sse2"}));
+    EXPECT_TRUE(contains(available, "sse2")) << "every x86-64 CPU runs SSE2";
+  }
+  std::size_t next = 0;  // available keeps compiled's order
+  for (const auto& name : available) {
+    const auto it = std::find(compiled.begin() + static_cast<std::ptrdiff_t>(next), compiled.end(), name);
+    ASSERT_NE(it, compiled.end()) << name;
+    next = static_cast<std::size_t>(it - compiled.begin()) + 1;
+  }
+}
+
+TEST_F(Dispatch, InstallUninstallForceReset) {
+  rope::dispatch::uninstall();
+  EXPECT_FALSE(rope::dispatch::installed());
+  EXPECT_EQ(std::string(rope::dispatch::install()), rope::dispatch::available().front());
+  EXPECT_TRUE(rope::dispatch::installed());
+  const std::string last = rope::dispatch::available().back();
+  rope::dispatch::uninstall();
+  rope::dispatch::force(last);
+  EXPECT_TRUE(rope::dispatch::installed()) << "force installs";
+  EXPECT_EQ(rope::dispatch::arch(), last);
+  rope::dispatch::uninstall();
+  EXPECT_EQ(std::string(rope::dispatch::install()), last) << "install keeps what force chose";
+  rope::dispatch::reset();
+  EXPECT_EQ(rope::dispatch::arch(), rope::dispatch::available().front());
+}
+
+TEST_F(Dispatch, ForceRefusesUnknownNamesNamingTheChoices) {
+  const std::string before = rope::dispatch::arch();
+  try {
+    rope::dispatch::force("avx2");
+    FAIL() << "force(\"avx2\") did not throw";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rope::dispatch::force: name must be one of the instruction sets built in ("),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("got avx2"), std::string::npos) << what;
+    for (const auto& name : rope::dispatch::compiled()) EXPECT_NE(what.find(name), std::string::npos) << what;
+  }
+  EXPECT_EQ(rope::dispatch::arch(), before) << "a refused force changes nothing";
+}
+
+template <class T>
+class DispatchTypes : public Dispatch {};
+using ElementTypes = ::testing::Types<float, double, rope::BFloat16, rope::Float16>;
+struct ElementTypeNames {
+  template <class T>
+  static std::string GetName(int) {
+    if (std::is_same<T, float>::value) return "f32";
+    if (std::is_same<T, double>::value) return "f64";
+    return std::is_same<T, rope::BFloat16>::value ? "bf16" : "fp16";
+  }
+};
+TYPED_TEST_SUITE(DispatchTypes, ElementTypes, ElementTypeNames);
+
+TYPED_TEST(DispatchTypes, EveryAvailableInstructionSetMatchesItsRoundingBitForBit) {
+  for (const auto& arch : rope::dispatch::available()) {
+    rope::dispatch::force(arch);
+    ASSERT_EQ(rope::dispatch::arch(), arch);
+    rope_test::check_calls<TypeParam>(arch, fuses(arch), nullptr);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+// The header-only path of this translation unit is the compile-time build of
+// the baseline instruction set: dispatch forced to that set must give the
+// same bytes, call for call.
+TYPED_TEST(DispatchTypes, BaselineForcedEqualsThisProgramsHeaderOnlyPath) {
+  using T = TypeParam;
+  const std::string baseline = xsimd::default_arch::name();
+  if (!contains(rope::dispatch::compiled(), baseline)) {
+    GTEST_SKIP() << "rope::dispatch has no table for this program's baseline, " << baseline;
+  }
+  rope::dispatch::uninstall();
+  std::vector<std::vector<T>> header_only, dispatched;
+  rope_test::check_calls<T>(baseline, fuses(baseline), &header_only);
+  rope::dispatch::force(baseline);
+  rope_test::check_calls<T>(baseline, fuses(baseline), &dispatched);
+  ASSERT_EQ(header_only.size(), dispatched.size());
+  for (std::size_t i = 0; i < header_only.size(); ++i) {
+    ASSERT_TRUE(rope_test::same_bytes(header_only[i], dispatched[i])) << "call " << i;
+  }
+}
+
+}  // namespace
