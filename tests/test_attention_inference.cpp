@@ -293,14 +293,7 @@ struct LinearCase {
 TYPED_TEST(InferenceTyped, LinearHeadsEqualOneHeadCalls) {
   using T = TypeParam;
   const LinearCase<T> c(51);
-  // Plain references, not a structured binding: C++17 lambdas cannot
-  // capture bindings (clang refuses it).
-  const auto& table = c.table;
-  const auto& feature_table = c.feature_table;
-  const auto& q = c.q;
-  const auto& k = c.k;
-  const auto& v = c.v;
-  const auto& phi = c.phi;
+  const auto& [table, feature_table, q, k, v, phi] = c;
   for (const bool causal : {false, true}) {
     ra::LinearOptions o;
     o.causal = causal;
@@ -325,14 +318,6 @@ TYPED_TEST(InferenceTyped, LinearHeadsEqualOneHeadCalls) {
 TYPED_TEST(InferenceTyped, LinearChunkedPrefillThenDecodeEqualsOneShot) {
   using T = TypeParam;
   const LinearCase<T> c(61);
-  // Plain references, not a structured binding: C++17 lambdas cannot
-  // capture bindings (clang refuses it).
-  const auto& table = c.table;
-  const auto& feature_table = c.feature_table;
-  const auto& q = c.q;
-  const auto& k = c.k;
-  const auto& v = c.v;
-  const auto& phi = c.phi;
   for (const bool eq19 : {true, false}) {
     ra::LinearOptions o;
     o.causal = true;
@@ -341,11 +326,11 @@ TYPED_TEST(InferenceTyped, LinearChunkedPrefillThenDecodeEqualsOneShot) {
       ra::LinearOptions step = o;
       step.q_offset = step.k_offset = static_cast<std::int64_t>(t);
       if (eq19) {
-        ra::linear_eq19<T>(q.view().slice_tokens(t, n), k.view().slice_tokens(t, n), v.view().slice_tokens(t, n),
-                           out.view().slice_tokens(t, n), phi, {&feature_table, Style::rotate_half}, step, states);
+        ra::linear_eq19<T>(c.q.view().slice_tokens(t, n), c.k.view().slice_tokens(t, n), c.v.view().slice_tokens(t, n),
+                           out.view().slice_tokens(t, n), c.phi, {&c.feature_table, Style::rotate_half}, step, states);
       } else {
-        ra::linear<T>(q.view().slice_tokens(t, n), k.view().slice_tokens(t, n), v.view().slice_tokens(t, n),
-                      out.view().slice_tokens(t, n), phi, step, {&table, Style::rotate_half}, states);
+        ra::linear<T>(c.q.view().slice_tokens(t, n), c.k.view().slice_tokens(t, n), c.v.view().slice_tokens(t, n),
+                      out.view().slice_tokens(t, n), c.phi, step, {&c.table, Style::rotate_half}, states);
       }
     };
     Heads<T> once(c.l, c.hq, c.dv, 0), pieces(c.l, c.hq, c.dv, 0);
@@ -371,12 +356,7 @@ TYPED_TEST(InferenceTyped, LinearChunkedPrefillThenDecodeEqualsOneShot) {
 TYPED_TEST(InferenceTyped, LinearSequencesEqualSeparateCalls) {
   using T = TypeParam;
   const LinearCase<T> c(71);
-  // Plain references, not a structured binding: C++17 lambdas cannot
-  // capture bindings (clang refuses it).
-  const auto& q = c.q;
-  const auto& k = c.k;
-  const auto& v = c.v;
-  const auto& phi = c.phi;
+  const auto& [table, feature_table, q, k, v, phi] = c;
   const std::size_t split = 9;
   for (const bool causal : {false, true}) {
     ra::LinearOptions packed;
@@ -405,13 +385,7 @@ TYPED_TEST(InferenceTyped, LinearSequencesEqualSeparateCalls) {
 
 TEST(InferenceThreads, LinearBitIdenticalForAnyThreadCount) {
   const LinearCase<float> c(81);
-  // Plain references, not a structured binding: C++17 lambdas cannot
-  // capture bindings (clang refuses it).
-  const auto& feature_table = c.feature_table;
-  const auto& q = c.q;
-  const auto& k = c.k;
-  const auto& v = c.v;
-  const auto& phi = c.phi;
+  const auto& [table, feature_table, q, k, v, phi] = c;
   for (const bool causal : {false, true}) {
     ra::LinearOptions o;
     o.causal = causal;
@@ -429,17 +403,11 @@ TEST(InferenceThreads, LinearBitIdenticalForAnyThreadCount) {
 
 TEST(InferenceErrors, LinearStatesAreChecked) {
   const LinearCase<double> c(91);
-  // Plain references, not a structured binding: C++17 lambdas cannot
-  // capture bindings (clang refuses it).
-  const auto& q = c.q;
-  const auto& k = c.k;
-  const auto& v = c.v;
-  const auto& phi = c.phi;
   Heads<double> out = Heads<double>::filled(c.l, c.hq, c.dv, -3.0);
   const auto untouched = out.data;
   const auto message = [&](ra::LinearOptions o, std::vector<ra::LinearState<double>>* states) -> std::string {
     try {
-      ra::linear<double>(q.view(), k.view(), v.view(), out.view(), phi, o, {}, states);
+      ra::linear<double>(c.q.view(), c.k.view(), c.v.view(), out.view(), c.phi, o, {}, states);
     } catch (const std::invalid_argument& e) {
       return e.what();
     }

@@ -244,6 +244,19 @@ T guard(T r, T delta) noexcept {
   return std::abs(r) <= delta ? r + 2 * delta : r;
 }
 
+// Writes one output row of dv values to dst: numerator / denominator, or
+// zeros for a query that sees no key (never 0/0: a row that sees nothing is
+// 0, a NaN that it sees stays NaN).
+template <class T, class Row>
+void write_output_row(T* dst, Eigen::Index dv, const Row& numerator, T denominator, bool sees) {
+  Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> out(dst, dv);
+  if (sees) {
+    out = numerator / denominator;
+  } else {
+    out.setZero();
+  }
+}
+
 // Multi-head tensors: every view valid alone, shapes consistent, grouped
 // heads (q.heads a multiple of k.heads), and out sharing no element with
 // any input (heads are written as they finish).

@@ -504,12 +504,8 @@ class LinearHead {
       const bool sees = seen != nullptr ? (*seen)[t] != 0 : all_see;
       for (std::size_t h = 0; h < group; ++h) {
         const auto r = static_cast<Eigen::Index>(t * group + h);
-        Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> dst(out_.row(order_.q[a + t], g_ * group + h), dv);
-        if (sees) {
-          dst = ws_.num.row(r) / guard(ws_.den[r], delta);
-        } else {
-          dst.setZero();
-        }
+        write_output_row(out_.row(order_.q[a + t], g_ * group + h), dv, ws_.num.row(r), guard(ws_.den[r], delta),
+                         sees);
       }
     }
   }

@@ -489,12 +489,7 @@ class SoftmaxTile {
     const auto dv = static_cast<Eigen::Index>(v_.head_dim);
     for (Eigen::Index r = 0; r < head.acc.rows(); ++r) {
       const auto t = static_cast<std::size_t>(r) / group_, h = static_cast<std::size_t>(r) % group_;
-      Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> dst(out_.row(t0_ + t, g * group_ + h), dv);
-      if (ws_.seen[t]) {
-        dst = head.acc.row(r) / head.row_sum[r];
-      } else {
-        dst.setZero();
-      }
+      write_output_row(out_.row(t0_ + t, g * group_ + h), dv, head.acc.row(r), head.row_sum[r], ws_.seen[t] != 0);
     }
   }
 
