@@ -39,6 +39,11 @@ foreach(object IN LISTS objects)
     if(NOT type MATCHES "^[A-Zuvw]$" OR type STREQUAL "U")
       continue()
     endif()
+    # Only code can be a wrong instruction set's: data (type information a
+    # sanitizer emits for function types, constants) runs nowhere.
+    if(NOT type MATCHES "^[TWw]$")
+      continue()
+    endif()
     math(EXPR count "${count} + 1")
     string(FIND "${name}" "${own}" at)
     if(at GREATER -1 OR name STREQUAL "rope::dispatch::isa::${isa}"
