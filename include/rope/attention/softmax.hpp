@@ -97,6 +97,68 @@ void axpy_rows(const T* weights, std::size_t weight_stride, std::size_t rows, co
   }
 }
 
+// acc_r += sum_j weights[r * weight_stride + j] * value_j for R rows and n
+// values (value j at values + j * value_stride, dv channels; acc row r at
+// acc + r * acc_stride): a block of weighted values in one pass, the
+// accumulators of C column batches of all R rows held in registers while
+// the values stream past, instead of loading and storing each row's
+// accumulator for every value.
+template <std::size_t R, class T, class Arch>
+void weighted_block(const T* weights, std::size_t weight_stride, std::size_t n, const T* values,
+                    std::size_t value_stride, std::size_t dv, T* acc, std::size_t acc_stride) noexcept {
+  using B = xsimd::batch<T, Arch>;
+  constexpr std::size_t lanes = B::size;
+  constexpr std::size_t C = R <= 2 ? 4 : R <= 4 ? 2 : 1;  // column batches per pass
+  const std::size_t full = dv - dv % lanes;
+  std::size_t c = 0;
+  for (; c + C * lanes <= full; c += C * lanes) {
+    B a[R][C];
+    for (std::size_t r = 0; r < R; ++r) {
+      for (std::size_t b = 0; b < C; ++b) a[r][b] = B::load_unaligned(acc + r * acc_stride + c + b * lanes);
+    }
+    for (std::size_t j = 0; j < n; ++j) {
+      const T* x = values + j * value_stride + c;
+      B xb[C];
+      for (std::size_t b = 0; b < C; ++b) xb[b] = B::load_unaligned(x + b * lanes);
+      for (std::size_t r = 0; r < R; ++r) {
+        const B w(weights[r * weight_stride + j]);
+        for (std::size_t b = 0; b < C; ++b) a[r][b] = xsimd::fma(w, xb[b], a[r][b]);
+      }
+    }
+    for (std::size_t r = 0; r < R; ++r) {
+      for (std::size_t b = 0; b < C; ++b) a[r][b].store_unaligned(acc + r * acc_stride + c + b * lanes);
+    }
+  }
+  // What is left: batch by batch, then channel by channel.
+  for (std::size_t j = 0; j < n; ++j) {
+    axpy_rows<T, Arch>(weights + j, weight_stride, R, values + j * value_stride + c, dv - c, acc + c, acc_stride);
+  }
+}
+
+// weighted_block for a number of rows known at run time (1 .. 8).
+template <class T, class Arch = xsimd::default_arch>
+void weighted_rows(const T* weights, std::size_t weight_stride, std::size_t rows, std::size_t n, const T* values,
+                   std::size_t value_stride, std::size_t dv, T* acc, std::size_t acc_stride) noexcept {
+  switch (rows) {
+#define ROPE_WEIGHTED_ROWS(R) \
+  case R:                      \
+    return weighted_block<R, T, Arch>(weights, weight_stride, n, values, value_stride, dv, acc, acc_stride);
+    ROPE_WEIGHTED_ROWS(1)
+    ROPE_WEIGHTED_ROWS(2)
+    ROPE_WEIGHTED_ROWS(3)
+    ROPE_WEIGHTED_ROWS(4)
+    ROPE_WEIGHTED_ROWS(5)
+    ROPE_WEIGHTED_ROWS(6)
+    ROPE_WEIGHTED_ROWS(7)
+    ROPE_WEIGHTED_ROWS(8)
+#undef ROPE_WEIGHTED_ROWS
+    default:
+      for (std::size_t j = 0; j < n; ++j) {
+        axpy_rows<T, Arch>(weights + j, weight_stride, rows, values + j * value_stride, dv, acc, acc_stride);
+      }
+  }
+}
+
 template <class T>
 struct SoftmaxPlan {
   std::size_t rotary_dim = 0;
@@ -200,7 +262,7 @@ class SoftmaxTile {
     ws_.seen.assign(tokens_, 0);
     const std::size_t lk = k_.tokens;
     thin_ = static_cast<std::size_t>(rows) <= kThinRows;
-    const std::size_t bk = std::min(o_.block, std::max<std::size_t>(lk, 1));
+    const std::size_t bk = std::min(thin_ ? std::min(o_.block, kThinBlock) : o_.block, std::max<std::size_t>(lk, 1));
     if (!plan_.visibility.masks()) {
       sweep(0, lk, bk, false);
       std::fill(ws_.seen.begin(), ws_.seen.end(), lk > 0 ? 1 : 0);
@@ -251,6 +313,7 @@ class SoftmaxTile {
   static constexpr std::size_t kThinRows = 8;
   static constexpr std::size_t kGranule = 64;
   static constexpr std::size_t kAhead = 2;
+  static constexpr std::size_t kThinBlock = 64;
 
  private:
   // The group's queries of head g, rotated at their positions and scaled once.
@@ -378,6 +441,7 @@ class SoftmaxTile {
     ws_.scores.resize(static_cast<Eigen::Index>(heads) * rows, bn);
     for (Eigen::Index j = 0; j < bn; ++j) {
       prefetch_token(j0 + static_cast<std::size_t>(j) + kAhead, true);
+      prefetch_token(j0 + static_cast<std::size_t>(j), false);
       for (std::size_t i = 0; i < heads; ++i) {
         dot_rows(ws_.heads[i].q.data(), static_cast<std::size_t>(rows), static_cast<std::size_t>(d),
                  ws_.key_maps[i].row(j).data(), &ws_.scores(static_cast<Eigen::Index>(i) * rows, j),
@@ -390,14 +454,17 @@ class SoftmaxTile {
       if (partial) accumulate_visible(ws_.heads[i], s, values_of(g0_ + i, j0, n), j0, n);
     }
     if (partial) return;
-    for (Eigen::Index j = 0; j < bn; ++j) {
-      prefetch_token(j0 + static_cast<std::size_t>(j) + kAhead, false);
-      for (std::size_t i = 0; i < heads; ++i) {
-        HeadRows<T>& head = ws_.heads[i];
-        axpy_rows(&ws_.scores(static_cast<Eigen::Index>(i) * rows, j), static_cast<std::size_t>(bn),
-                  static_cast<std::size_t>(rows), v_.row(j0 + static_cast<std::size_t>(j), g0_ + i), v_.head_dim,
-                  head.acc.data(), static_cast<std::size_t>(head.acc.cols()));
-      }
+    // The weighted values head by head, each head's block of values in one
+    // pass with the accumulators in registers; the values were asked for
+    // while the scores were computed. Meanwhile the next block's keys are
+    // asked for, a share per head.
+    const std::size_t value_stride = k_.tokens > 1 ? v_.token_stride : v_.head_dim;
+    for (std::size_t i = 0; i < heads; ++i) {
+      for (std::size_t j = n * i / heads; j < n * (i + 1) / heads; ++j) prefetch_token(j0 + n + j, true);
+      HeadRows<T>& head = ws_.heads[i];
+      weighted_rows(&ws_.scores(static_cast<Eigen::Index>(i) * rows, 0), static_cast<std::size_t>(bn),
+                    static_cast<std::size_t>(rows), n, v_.row(j0, g0_ + i), value_stride, v_.head_dim,
+                    head.acc.data(), static_cast<std::size_t>(head.acc.cols()));
     }
   }
 
