@@ -134,7 +134,9 @@ xsimd::batch<T, Arch> mul_add(const xsimd::batch<T, Arch>& x, const xsimd::batch
   }
 #endif
 #if XSIMD_VERSION_MAJOR < 13 && defined(__aarch64__)
-  if constexpr (std::is_base_of<xsimd::neon64, Arch>::value) {
+  // 32-bit neon code running on aarch64 too: there 8.1's fma is a multiply
+  // and an add, which the compiler contracts in some kernels and not others.
+  if constexpr (std::is_base_of<xsimd::neon, Arch>::value) {
     if constexpr (std::is_same<T, float>::value) return vfmaq_f32(z, x, y);
     if constexpr (std::is_same<T, double>::value) return vfmaq_f64(z, x, y);
   }
@@ -151,7 +153,7 @@ xsimd::batch<T, Arch> neg_mul_add(const xsimd::batch<T, Arch>& x, const xsimd::b
   }
 #endif
 #if XSIMD_VERSION_MAJOR < 13 && defined(__aarch64__)
-  if constexpr (std::is_base_of<xsimd::neon64, Arch>::value) {
+  if constexpr (std::is_base_of<xsimd::neon, Arch>::value) {
     if constexpr (std::is_same<T, float>::value) return vfmsq_f32(z, x, y);
     if constexpr (std::is_same<T, double>::value) return vfmsq_f64(z, x, y);
   }
