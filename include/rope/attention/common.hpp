@@ -156,6 +156,21 @@ struct Visibility {
   }
 };
 
+// The positions, sequence ids and causality of a softmax or linear call's
+// options (anything with those fields); the window is softmax's own.
+template <class Options>
+Visibility visibility_of(const Options& o) noexcept {
+  Visibility vis;
+  vis.causal = o.causal;
+  vis.q_ids = o.q_positions.empty() ? nullptr : o.q_positions.data();
+  vis.k_ids = o.k_positions.empty() ? nullptr : o.k_positions.data();
+  vis.q_offset = o.q_offset;
+  vis.k_offset = o.k_offset;
+  vis.q_sequence = o.q_sequence.empty() ? nullptr : o.q_sequence.data();
+  vis.k_sequence = o.k_sequence.empty() ? nullptr : o.k_sequence.data();
+  return vis;
+}
+
 // Positions must index the table's rows (std::out_of_range, like rope::apply).
 template <class T>
 void check_table_positions(const char* fn, const char* name, const Table<T>* table, const std::int64_t* ids,

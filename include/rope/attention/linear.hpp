@@ -540,17 +540,7 @@ inline void check_linear_options(const char* fn, const LinearOptions& o, std::si
   }
 }
 
-inline Visibility linear_visibility(const LinearOptions& o) {
-  Visibility vis;
-  vis.causal = o.causal;
-  vis.q_ids = o.q_positions.empty() ? nullptr : o.q_positions.data();
-  vis.k_ids = o.k_positions.empty() ? nullptr : o.k_positions.data();
-  vis.q_offset = o.q_offset;
-  vis.k_offset = o.k_offset;
-  vis.q_sequence = o.q_sequence.empty() ? nullptr : o.q_sequence.data();
-  vis.k_sequence = o.k_sequence.empty() ? nullptr : o.k_sequence.data();
-  return vis;
-}
+inline Visibility linear_visibility(const LinearOptions& o) { return visibility_of(o); }
 
 // The rotations: pre-phi over d, eq. 19 over exactly m features.
 template <class T>

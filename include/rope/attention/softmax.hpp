@@ -186,15 +186,9 @@ SoftmaxPlan<T> check_softmax(const char* fn, std::size_t lq, std::size_t lk, std
   SoftmaxPlan<T> plan;
   plan.rotary_dim = rotary_width(fn, "rotation", rotation, d);
   plan.scale = static_cast<T>(scale);
-  Visibility& vis = plan.visibility;
-  vis.causal = o.causal;
-  vis.window = o.window;
-  vis.q_ids = o.q_positions.empty() ? nullptr : o.q_positions.data();
-  vis.k_ids = o.k_positions.empty() ? nullptr : o.k_positions.data();
-  vis.q_offset = o.q_offset;
-  vis.k_offset = o.k_offset;
-  vis.q_sequence = o.q_sequence.empty() ? nullptr : o.q_sequence.data();
-  vis.k_sequence = o.k_sequence.empty() ? nullptr : o.k_sequence.data();
+  plan.visibility = visibility_of(o);
+  plan.visibility.window = o.window;
+  const Visibility& vis = plan.visibility;
   if (vis.q_ids == nullptr && o.q_offset > std::numeric_limits<std::int64_t>::max() - static_cast<std::int64_t>(lq)) {
     fail(fn, "options.q_offset", "small enough for every position to fit in int64", o.q_offset);
   }
