@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <rope/error.hpp>
 #include <rope/frequencies.hpp>
 #include <rope/reference.hpp>
 #include <rope/style.hpp>
@@ -28,16 +29,31 @@ struct ScalarNames {
   }
 };
 
-// What a checked call throws: the message of its std::invalid_argument, or
-// "out_of_range: " and the message of its std::out_of_range, or "no exception".
+// What a checked call throws: the message of its rope::invalid_argument, or
+// "out_of_range: " and the message of its rope::out_of_range, or "no
+// exception". A standard exception that is not rope's own reads "not rope's:
+// " and its message, so every comparison of a message also asserts the type.
+// The names the error carries must open its message ("<function>: <argument>
+// must be"); a mismatch reads "names do not match the message: ...".
+template <class E>
+std::string checked_names(const E& e, std::string prefix) {
+  const std::string what = e.what();
+  const std::string head = e.function() + ": " + e.argument() + " must be ";
+  if (what.compare(0, head.size(), head) != 0) return "names do not match the message: " + e.function() + " / " + e.argument() + " / " + what;
+  return prefix + what;
+}
 template <class F>
 std::string thrown_message(F&& call) {
   try {
     call();
+  } catch (const rope::invalid_argument& e) {
+    return checked_names(e, "");
+  } catch (const rope::out_of_range& e) {
+    return checked_names(e, "out_of_range: ");
   } catch (const std::invalid_argument& e) {
-    return e.what();
+    return std::string("not rope's: ") + e.what();
   } catch (const std::out_of_range& e) {
-    return std::string("out_of_range: ") + e.what();
+    return std::string("not rope's: out_of_range: ") + e.what();
   }
   return "no exception";
 }

@@ -212,7 +212,9 @@ TEST(Errors, TableRefusesASizeThatOverflows) {
   try {
     rope::Table<float> table(rope::frequencies(4), positions);
     FAIL() << "no exception";
-  } catch (const std::invalid_argument& e) {
+  } catch (const rope::invalid_argument& e) {
+    EXPECT_EQ(e.function(), "rope::Table");
+    EXPECT_EQ(e.argument(), "positions");
     EXPECT_NE(std::string(e.what()).find("positions must be at most"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("got " + std::to_string(positions)), std::string::npos)
         << e.what();
@@ -224,8 +226,37 @@ TEST(Errors, ScalingThatOverflowsInvFreqIsRefused) {
   try {
     rope::frequencies(4, 10000.0, rope::scaling::Linear{1e-310});
     FAIL() << "no exception";
-  } catch (const std::invalid_argument& e) {
+  } catch (const rope::invalid_argument& e) {
+    EXPECT_EQ(e.function(), "rope::frequencies");
     EXPECT_NE(std::string(e.what()).find("inv_freq[0] = inf"), std::string::npos) << e.what();
+  }
+}
+
+// Errors are rope's own types, caught as the standard ones too, and carry
+// the function and the argument as the caller spelled them.
+TEST(Errors, CarryFunctionAndArgumentNames) {
+  std::vector<float> x(4 * 8);
+  const rope::Table<float> table(rope::frequencies(8), 16);
+  auto view = rope::View<float>::token_major(x.data(), 4, 1, 8);
+  try {
+    rope::apply(view, table, rope::Style::rotate_half, 13);
+    FAIL() << "no exception";
+  } catch (const rope::out_of_range& e) {
+    EXPECT_EQ(e.function(), "rope::apply");
+    EXPECT_EQ(e.argument(), "offset + 3 (the position of token 3)");
+    const std::out_of_range& as_std = e;
+    EXPECT_NE(std::string(as_std.what()).find("got 16"), std::string::npos) << as_std.what();
+  }
+  rope::Options options;
+  options.rotary_dim = 3;
+  try {
+    rope::apply(view, table, rope::Style::rotate_half, 0, options);
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    const auto* ours = dynamic_cast<const rope::invalid_argument*>(&e);
+    ASSERT_NE(ours, nullptr) << "not a rope::invalid_argument: " << e.what();
+    EXPECT_EQ(ours->function(), "rope::apply");
+    EXPECT_EQ(ours->argument(), "options.rotary_dim");
   }
 }
 

@@ -25,8 +25,8 @@ namespace rope {
 // of a neighbouring position.
 inline constexpr std::size_t kMaxExactPosition = std::size_t{1} << 53;
 
-// Throws std::invalid_argument for empty frequencies or a null output and
-// std::out_of_range for position > 2^53; a throwing call writes nothing.
+// Throws rope::invalid_argument for empty frequencies or a null output and
+// rope::out_of_range for position > 2^53; a throwing call writes nothing.
 template <class T>
 void angles(const Frequencies& freqs, std::size_t position, T* cos_out, T* sin_out) {
   static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
@@ -35,7 +35,7 @@ void angles(const Frequencies& freqs, std::size_t position, T* cos_out, T* sin_o
   if (freqs.inv_freq.empty()) detail::fail(fn, "freqs.inv_freq", "non-empty", "empty");
   if (cos_out == nullptr) detail::fail(fn, "cos_out", "non-null", nullptr);
   if (sin_out == nullptr) detail::fail(fn, "sin_out", "non-null", nullptr);
-  if (position > kMaxExactPosition) detail::fail<std::out_of_range>(fn, "position", "<= 2^53", position);
+  if (position > kMaxExactPosition) detail::fail<rope::out_of_range>(fn, "position", "<= 2^53", position);
   detail::sincos_row<T>(freqs.inv_freq.data(), freqs.inv_freq.size(),
                         static_cast<double>(position), freqs.attention_factor, cos_out, sin_out);
 }

@@ -17,8 +17,8 @@
 // widened to float, rotated with a Table<float> and rounded once on store.
 //
 // Every argument is checked before anything is written: a call that throws
-// leaves every output byte as it was. std::invalid_argument for bad shapes,
-// strides or options, std::out_of_range for positions.
+// leaves every output byte as it was. rope::invalid_argument for bad shapes,
+// strides or options, rope::out_of_range for positions.
 #pragma once
 
 #include <cstddef>
@@ -74,17 +74,17 @@ void check_rotary_fits(const char* fn, const char* const* names, const Pass<T>* 
 // A position must index a row of the table: [0, positions).
 [[noreturn]] inline void position_outside(const char* fn, const std::string& argument, std::int64_t position,
                                           std::size_t table_positions) {
-  fail<std::out_of_range>(fn, argument, "in the table's positions [0, " + to_text(table_positions) + ")", position);
+  fail<rope::out_of_range>(fn, argument, "in the table's positions [0, " + to_text(table_positions) + ")", position);
 }
 
 inline void check_positions(const char* fn, const Positions& p, std::size_t tokens, std::size_t table_positions) {
   if (p.by_id() && p.ids() == nullptr) fail(fn, "positions", "non-null", nullptr);
   if (tokens == 0) return;
   if (!p.by_id()) {
-    if (p.offset() < 0) fail<std::out_of_range>(fn, "offset (the position of token 0)", ">= 0", p.offset());
+    if (p.offset() < 0) fail<rope::out_of_range>(fn, "offset (the position of token 0)", ">= 0", p.offset());
     const auto last = static_cast<std::uint64_t>(p.offset()) + (tokens - 1);
     if (last >= table_positions) {
-      fail<std::out_of_range>(fn, "offset + " + to_text(tokens - 1) + " (the position of token " +
+      fail<rope::out_of_range>(fn, "offset + " + to_text(tokens - 1) + " (the position of token " +
                                       to_text(tokens - 1) + ")",
                               "in the table's positions [0, " + to_text(table_positions) + ")", last);
     }

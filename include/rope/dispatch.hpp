@@ -51,7 +51,7 @@ std::vector<std::string> available();
 
 // Pins the instruction set, e.g. for tests or to compare speeds, and
 // installs it. name must be one of available(); anything else throws
-// std::invalid_argument naming the choices.
+// rope::invalid_argument naming the choices.
 void force(const std::string& name);
 
 // Forgets force(): back to the best available instruction set, installed.

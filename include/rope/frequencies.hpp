@@ -386,7 +386,7 @@ inline Frequencies scale(const scaling::Custom& s, const Schedule& c) {
 
 // theta_p for rotary_dim channels under `scaling`. seq_len is the number of
 // positions about to be used (the current sequence length): only DynamicNtk
-// and LongRope read it. Throws std::invalid_argument naming the field and
+// and LongRope read it. Throws rope::invalid_argument naming the field and
 // its value for an odd or zero rotary_dim, base <= 1, a factor <= 0, a length
 // of 0, a factor vector of the wrong length, or a factor so small that a
 // theta overflows.

@@ -14,7 +14,7 @@
 // pairing of each model family, DeepSeek's softmax scale, Llama 4 style
 // query temperatures) and every key it reads are listed in docs/hf_config.md.
 //
-// Errors: std::invalid_argument through rope::detail::fail, naming the key
+// Errors: rope::invalid_argument through rope::detail::fail, naming the key
 // path as written in the file (text_config.rope_scaling.factor) and its
 // value as JSON text. The reader is never stricter than the reference on a
 // config it can compute: keys it does not use are ignored, as there.
@@ -519,7 +519,7 @@ inline LayerRope make_kind(const Context& c, const Reader& e, std::string layer_
   // (a factor that overflows theta).
   try {
     (void)k.frequencies(0);
-  } catch (const std::invalid_argument& err) {
+  } catch (const rope::invalid_argument& err) {
     fail(cfg.fn(), e.path(type_key), std::string("a setting rope::frequencies accepts (") + err.what() + ")",
          Json(type).dump());
   }
@@ -549,7 +549,7 @@ inline std::optional<PairAxes> pair_axes(const Context& c, const Reader& e, std:
     return PairAxes::sections(
         MropeSections{{(*s)[0], (*s)[1], (*s)[2]}, interleaved ? SectionOrder::interleaved : SectionOrder::chunked},
         pairs);
-  } catch (const std::invalid_argument& err) {
+  } catch (const rope::invalid_argument& err) {
     fail(e.fn(), e.path("mrope_section"), std::string("a layout rope can build (") + err.what() + ")", shown.dump());
   }
 }

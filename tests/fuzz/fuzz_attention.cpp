@@ -148,11 +148,11 @@ void softmax_typed(Bytes& in) {
     ra::softmax<T>(rope::View<const T>::token_major(q.data(), lq, hq, d),
                    rope::View<const T>::token_major(k.data(), lk, hk, d),
                    rope::View<const T>::token_major(v.data(), lk, hk, dv), out_view, rotation, o);
-  } catch (const std::invalid_argument& e) {
+  } catch (const rope::invalid_argument& e) {
     threw = true;
     ROPE_FUZZ_CHECK(!valid, where + ": " + e.what());
     ROPE_FUZZ_CHECK(std::string(e.what()).find("rope::attention::softmax: ") == 0, e.what());
-  } catch (const std::out_of_range& e) {
+  } catch (const rope::out_of_range& e) {
     threw = true;
     ROPE_FUZZ_CHECK(valid && !positions_ok, where + ": " + e.what());
   }
@@ -257,10 +257,10 @@ void linear_features(Bytes& in) {
   ra::Matrix<T> got;
   try {
     got = eq19 ? ra::linear_eq19(fq, fk, v, ra::Rotation<T>{&table}, o) : ra::linear(fq, fk, v, o);
-  } catch (const std::invalid_argument& e) {
+  } catch (const rope::invalid_argument& e) {
     ROPE_FUZZ_CHECK(!valid, where + ": " + e.what());
     return;
-  } catch (const std::out_of_range& e) {
+  } catch (const rope::out_of_range& e) {
     ROPE_FUZZ_CHECK(valid && !positions_ok, where + ": " + e.what());
     return;
   }
@@ -338,7 +338,7 @@ void linear_views(Bytes& in) {
   const auto vv = rope::View<const double>::token_major(v.data(), l, hk, dv);
   try {
     ra::linear_eq19<double>(qv, kv, vv, out_view, phi, {&table}, o);
-  } catch (const std::invalid_argument& e) {
+  } catch (const rope::invalid_argument& e) {
     ROPE_FUZZ_CHECK(!valid, std::string("linear views: ") + e.what());
     ROPE_FUZZ_CHECK(std::memcmp(out.data(), out_before.data(), out.size() * sizeof(double)) == 0, "linear views wrote");
     return;

@@ -45,7 +45,7 @@ void fuzz_frequencies(Bytes& in) {
   rope::Frequencies f;
   try {
     f = rope::frequencies(rotary_dim, base);
-  } catch (const std::invalid_argument& e) {
+  } catch (const rope::invalid_argument& e) {
     ROPE_FUZZ_CHECK(!valid, args + ": " + e.what());
     const std::string msg = e.what();
     const bool names_argument = msg.find("rotary_dim") != std::string::npos || msg.find("base") != std::string::npos;
@@ -243,7 +243,7 @@ void fuzz_scaling(Bytes& in) {
   rope::Frequencies f;
   try {
     f = rope::frequencies(rotary_dim, base, scaling, seq_len);
-  } catch (const std::invalid_argument& e) {
+  } catch (const rope::invalid_argument& e) {
     const std::string msg = e.what();
     // Fields valid one by one may still overflow together (a tiny factor
     // divides theta into infinity); frequencies() refuses that result.
@@ -528,11 +528,11 @@ void fuzz_apply_typed(Bytes& in) {
         rope::apply_qk<T>(rope::View<const T>(xv), rope::View<const T>(kv), ov, kov, table, S, ids, options);
         break;
     }
-  } catch (const std::invalid_argument& e) {
+  } catch (const rope::invalid_argument& e) {
     threw = true;
     ROPE_FUZZ_CHECK(!valid, where + ": " + e.what());
     ROPE_FUZZ_CHECK(std::string(e.what()).find("rope::apply") == 0, e.what());
-  } catch (const std::out_of_range& e) {
+  } catch (const rope::out_of_range& e) {
     threw = true;
     ROPE_FUZZ_CHECK(!valid && !positions_ok, where + ": " + e.what());
     ROPE_FUZZ_CHECK(std::string(e.what()).find("position") != std::string::npos, e.what());

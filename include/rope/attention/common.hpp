@@ -171,7 +171,7 @@ Visibility visibility_of(const Options& o) noexcept {
   return vis;
 }
 
-// Positions must index the table's rows (std::out_of_range, like rope::apply).
+// Positions must index the table's rows (rope::out_of_range, like rope::apply).
 template <class T>
 void check_table_positions(const char* fn, const char* name, const Table<T>* table, const std::int64_t* ids,
                            std::int64_t offset, std::size_t rows) {
@@ -180,13 +180,13 @@ void check_table_positions(const char* fn, const char* name, const Table<T>* tab
   const std::string range = "in the table's positions [0, " + to_text(limit) + ")";
   if (ids == nullptr) {
     const auto last = static_cast<std::uint64_t>(offset) + (rows - 1);
-    if (offset < 0) fail<std::out_of_range>(fn, name, range, offset);
-    if (last >= limit) fail<std::out_of_range>(fn, std::string(name) + " + " + to_text(rows - 1), range, last);
+    if (offset < 0) fail<rope::out_of_range>(fn, name, range, offset);
+    if (last >= limit) fail<rope::out_of_range>(fn, std::string(name) + " + " + to_text(rows - 1), range, last);
     return;
   }
   for (std::size_t i = 0; i < rows; ++i) {
     if (ids[i] < 0 || static_cast<std::uint64_t>(ids[i]) >= limit) {
-      fail<std::out_of_range>(fn, indexed(name, i), range, ids[i]);
+      fail<rope::out_of_range>(fn, indexed(name, i), range, ids[i]);
     }
   }
 }

@@ -7,8 +7,10 @@
 // spelled as the caller wrote it (q.head_stride, options.block,
 // scaling::Yarn::factor, positions[3]), and the value is shown as the caller
 // passed it: integers exactly, doubles with the fewest digits that read back
-// as the same double, null pointers as "null". std::invalid_argument for
-// shapes, strides, options and fields; std::out_of_range for positions.
+// as the same double, null pointers as "null". rope::invalid_argument for
+// shapes, strides, options and fields; rope::out_of_range for positions
+// (error.hpp: both derive from the std exceptions and carry the function and
+// argument names).
 //
 // Messages are built only on failure, so a check costs a compare on the hot
 // path of a decode step.
@@ -22,6 +24,8 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+
+#include "../error.hpp"
 
 namespace rope::detail {
 
@@ -53,11 +57,18 @@ std::string to_text(I v) {
   return std::to_string(v);
 }
 
-// Throws E with the one message format above.
-template <class E = std::invalid_argument, class V>
+// Throws E with the one message format above: rope::invalid_argument or
+// rope::out_of_range for bad input, which carry the names too; any other
+// exception type (a CPU that cannot run a build) gets the message alone.
+template <class E = rope::invalid_argument, class V>
 [[noreturn]] void fail(const char* function, const std::string& argument, const std::string& requirement,
                        const V& value) {
-  throw E(std::string(function) + ": " + argument + " must be " + requirement + ", got " + to_text(value));
+  std::string message = std::string(function) + ": " + argument + " must be " + requirement + ", got " + to_text(value);
+  if constexpr (std::is_base_of<ErrorSource, E>::value) {
+    throw E(function, argument, message);
+  } else {
+    throw E(message);
+  }
 }
 
 // Indexed argument names: "positions[3]", "k_positions[0]".
