@@ -154,7 +154,7 @@ TEST(AttentionEdges, Eq19RotationWiderThanItsTableIsRefused) {
   const Matrix<double> f = ra::elu_plus_one(at::random_matrix<double>(l, m, 10));
   const Matrix<double> v = at::random_matrix<double>(l, 2, 11);
   const auto msg = rope_test::thrown_message([&] { ra::linear_eq19(f, f, v, Rotation<double>{&narrow, Style::rotate_half, m}); });
-  EXPECT_NE(msg.find("feature_rotation.rotary_dim must be <= its table's rotary_dim 4, got 16"), std::string::npos)
+  EXPECT_NE(msg.find("feature_rotation.rotary_dim must be <= the table's rotary_dim 4, got 16"), std::string::npos)
       << msg;
 }
 

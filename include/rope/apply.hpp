@@ -24,78 +24,27 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <stdexcept>
 #include <string>
 #include <type_traits>
 
-#include "detail/error.hpp"
-#include "detail/loops.hpp"
-#include "detail/token_loop.hpp"
 #include "half.hpp"
 #include "options.hpp"
 #include "style.hpp"
 #include "table.hpp"
+#include "tensor/checks.hpp"
+#include "tensor/dispatch_table.hpp"
+#include "tensor/token_loop.hpp"
 #include "view.hpp"
 
 namespace rope {
 namespace detail {
 
-template <class T, class U>
-constexpr void check_types() noexcept {
-  static_assert(!std::is_const<T>::value, "rope::apply: the output view must be writable");
-  static_assert(Storage<T>::kSupported,
-                "rope::apply: T must be float, double, rope::BFloat16, rope::Float16 or a 2-byte type "
-                "with explicit float conversions");
-  static_assert(std::is_same<typename Storage<T>::compute_type, U>::value,
-                "rope::apply: use a Table<float> for float and 16-bit tensors, a Table<double> for double");
-}
-
-inline std::size_t resolve_rotary_dim(const char* fn, const Options& o, std::size_t table_rotary_dim) {
-  const std::size_t r = o.rotary_dim == 0 ? table_rotary_dim : o.rotary_dim;
-  if (r % 2 != 0) fail(fn, "options.rotary_dim", "even", r);
-  if (r > table_rotary_dim) {
-    fail(fn, "options.rotary_dim", "<= the table's rotary_dim " + to_text(table_rotary_dim), r);
-  }
-  if (o.threads == 0) fail(fn, "options.threads", "at least 1", o.threads);
+// The rotary width of a tensor call (options.rotary_dim, 0: the table's)
+// and its thread count.
+inline std::size_t checked_rotary_dim(const char* fn, const Options& o, std::size_t table_rotary_dim) {
+  const std::size_t r = rotary_width(fn, "options.rotary_dim", o.rotary_dim, table_rotary_dim);
+  check_threads(fn, "options.threads", o.threads);
   return r;
-}
-
-// The rotary part must fit in every head.
-template <class T>
-void check_rotary_fits(const char* fn, const char* const* names, const Pass<T>* passes, std::size_t count,
-                       std::size_t rotary_dim) {
-  for (std::size_t i = 0; i < count; ++i) {
-    if (rotary_dim > passes[i].in.head_dim) {
-      fail(fn, field(names[i], "head_dim"), ">= rotary_dim " + to_text(rotary_dim), passes[i].in.head_dim);
-    }
-  }
-}
-
-// A position must index a row of the table: [0, positions).
-[[noreturn]] inline void position_outside(const char* fn, const std::string& argument, std::int64_t position,
-                                          std::size_t table_positions) {
-  fail<rope::out_of_range>(fn, argument, "in the table's positions [0, " + to_text(table_positions) + ")", position);
-}
-
-inline void check_positions(const char* fn, const Positions& p, std::size_t tokens, std::size_t table_positions) {
-  if (p.by_id() && p.ids() == nullptr) fail(fn, "positions", "non-null", nullptr);
-  if (tokens == 0) return;
-  if (!p.by_id()) {
-    if (p.offset() < 0) fail<rope::out_of_range>(fn, "offset (the position of token 0)", ">= 0", p.offset());
-    const auto last = static_cast<std::uint64_t>(p.offset()) + (tokens - 1);
-    if (last >= table_positions) {
-      fail<rope::out_of_range>(fn, "offset + " + to_text(tokens - 1) + " (the position of token " +
-                                      to_text(tokens - 1) + ")",
-                              "in the table's positions [0, " + to_text(table_positions) + ")", last);
-    }
-    return;
-  }
-  for (std::size_t t = 0; t < tokens; ++t) {
-    const std::int64_t m = p.ids()[t];
-    if (m < 0 || static_cast<std::uint64_t>(m) >= table_positions) {
-      position_outside(fn, indexed("positions", t), m, table_positions);
-    }
-  }
 }
 
 template <class Arch, class T, class U>
@@ -103,7 +52,7 @@ void apply_positions(const char* fn, const Pass<T>* passes, std::size_t count, c
                      const char* const* out_names, const Table<U>& table, Style style, const Positions& positions,
                      const Options& options) {
   check_types<T, U>();
-  const std::size_t rotary_dim = resolve_rotary_dim(fn, options, table.rotary_dim());
+  const std::size_t rotary_dim = checked_rotary_dim(fn, options, table.rotary_dim());
   check_passes(fn, passes, count, in_names, out_names);
   check_rotary_fits(fn, in_names, passes, count, rotary_dim);
   check_positions(fn, positions, passes[0].in.tokens, table.positions());
@@ -116,9 +65,7 @@ void apply_qk_positions(const View<const T>& q_in, const View<const T>& k_in, co
                         const Options& options, bool in_place) {
   const char* fn = "rope::apply_qk";
   if (k_in.tokens != q_in.tokens) fail(fn, "k.tokens", "q.tokens = " + to_text(q_in.tokens), k_in.tokens);
-  if (k_in.heads == 0 || q_in.heads % k_in.heads != 0) {
-    fail(fn, "k.heads", "a divisor of q.heads = " + to_text(q_in.heads), k_in.heads);
-  }
+  check_grouped_heads(fn, "k.heads", k_in.heads, "q.heads", q_in.heads);
   const Pass<T> passes[2] = {{q_in, q_out}, {k_in, k_out}};
   static const char* const kIn[2] = {"q", "k"};
   static const char* const kOut[2] = {"q_out", "k_out"};

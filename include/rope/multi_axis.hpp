@@ -110,12 +110,8 @@ void apply_axes(const char* fn, const View<T>& x, const Table<U>& table, Style s
   check_rotary_fits(fn, kName, &pass, 1, rotary_dim);
   if (positions == nullptr) fail(fn, "positions", "non-null", nullptr);
   for (std::size_t a = 0; a < axes; ++a) {
-    for (std::size_t t = 0; t < x.tokens; ++t) {
-      const std::int64_t m = positions[a * x.tokens + t];
-      if (m < 0 || static_cast<std::uint64_t>(m) >= table.positions()) {
-        position_outside(fn, indexed(axis_name(a, axes) + " positions", t), m, table.positions());
-      }
-    }
+    check_positions(fn, positions + a * x.tokens, x.tokens, table.positions(),
+                    PositionNames{axis_name(a, axes) + " positions", "offset"});
   }
   const MultiAxis<U> source{table.cos(0), table.rotary_dim() / 2, positions, x.tokens, axis_of_pair.data(),
                             rotary_dim / 2};
@@ -132,7 +128,7 @@ void apply_mrope(View<T> x, const Table<U>& table, Style style, const std::int64
                  const PairAxes& pair_axes, Options options = {}) {
   detail::check_types<T, U>();
   const char* fn = "rope::apply_mrope";
-  const std::size_t rotary_dim = detail::resolve_rotary_dim(fn, options, table.rotary_dim());
+  const std::size_t rotary_dim = detail::checked_rotary_dim(fn, options, table.rotary_dim());
   detail::check_pair_axes(fn, pair_axes, rotary_dim / 2);
   detail::apply_axes<Arch>(fn, x, table, style, positions, pair_axes.axes, pair_axes.axis, rotary_dim, options);
 }
@@ -144,7 +140,7 @@ template <class T, class U, class Arch = xsimd::default_arch>
 void apply_mrope(View<T> x, const Table<U>& table, Style style, const std::int64_t* positions,
                  const MropeSections& sections, Options options = {}) {
   const char* fn = "rope::apply_mrope";
-  const std::size_t rotary_dim = detail::resolve_rotary_dim(fn, options, table.rotary_dim());
+  const std::size_t rotary_dim = detail::checked_rotary_dim(fn, options, table.rotary_dim());
   apply_mrope<T, U, Arch>(x, table, style, positions, PairAxes{detail::mrope_axes(fn, sections, rotary_dim / 2), 3},
                           options);
 }
@@ -172,7 +168,7 @@ void apply_axial(View<T> x, const Table<U>& table, Style style, const std::int64
                  Options options = {}) {
   detail::check_types<T, U>();
   const char* fn = "rope::apply_axial";
-  const std::size_t rotary_dim = detail::resolve_rotary_dim(fn, options, table.rotary_dim());
+  const std::size_t rotary_dim = detail::checked_rotary_dim(fn, options, table.rotary_dim());
   if (rotary_dim % 4 != 0) {
     detail::fail(fn, "rotary_dim", "a multiple of 4 (two axes of pairs)", rotary_dim);
   }

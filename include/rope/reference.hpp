@@ -7,8 +7,14 @@
 //
 // Layout: x and y hold one head vector, contiguous; cos and sin hold
 // rotary_dim/2 values for one position (Table<T>::cos(m), Table<T>::sin(m)).
+//
+// The twins of attention's rows (kernels/attention_rows.hpp) are here too:
+//   dot_rows:      scores[r * score_stride] = q_r . key
+//   weighted_rows: acc_r += sum_j weight_(r, j) value_j, value by value in
+//                  order j = 0, 1, ..., one fused multiply-add per channel.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 
 #include "style.hpp"
@@ -32,6 +38,33 @@ void rotate(const T* x, T* y, const T* cos, const T* sin, std::size_t rotary_dim
     const T xb = x[b];
     y[a] = xa * c - xb * s;
     y[b] = xb * c + xa * s;
+  }
+}
+
+// scores[r * score_stride] = sum_c q[r * d + c] * key[c], in channel order.
+template <class T>
+void dot_rows(const T* q, std::size_t rows, std::size_t d, const T* key, T* scores,
+              std::size_t score_stride) noexcept {
+  for (std::size_t r = 0; r < rows; ++r) {
+    T total = 0;
+    for (std::size_t c = 0; c < d; ++c) total += q[r * d + c] * key[c];
+    scores[r * score_stride] = total;
+  }
+}
+
+// acc[r * acc_stride + c] += weights[r * weight_stride + j] * values[j * value_stride + c]
+// for j = 0 .. n-1 in order, each product added with one rounding (std::fma).
+template <class T>
+void weighted_rows(const T* weights, std::size_t weight_stride, std::size_t rows, std::size_t n, const T* values,
+                   std::size_t value_stride, std::size_t dv, T* acc, std::size_t acc_stride) noexcept {
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t j = 0; j < n; ++j) {
+      const T w = weights[r * weight_stride + j];
+      for (std::size_t c = 0; c < dv; ++c) {
+        T& a = acc[r * acc_stride + c];
+        a = std::fma(w, values[j * value_stride + c], a);
+      }
+    }
   }
 }
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include <rope/detail/error.hpp>
-#include <rope/detail/loops.hpp>
+#include <rope/tensor/dispatch_table.hpp>
 #include <rope/detail/simd.hpp>
 
 #include "isa.hpp"
@@ -57,7 +57,7 @@ bool cpu_runs() noexcept {
 }
 
 struct Target {
-  const detail::Loops* loops;
+  const detail::DispatchTable* loops;
   bool (*runs)() noexcept;
 };
 
@@ -114,20 +114,20 @@ const Target& current() {
 
 void select(const Target& t) {
   selected.store(&t, std::memory_order_release);
-  detail::installed_loops.store(t.loops, std::memory_order_release);
+  detail::installed_table.store(t.loops, std::memory_order_release);
 }
 
 }  // namespace
 
 const char* install() {
   const Target& t = current();
-  detail::installed_loops.store(t.loops, std::memory_order_release);
+  detail::installed_table.store(t.loops, std::memory_order_release);
   return t.loops->arch;
 }
 
-void uninstall() noexcept { detail::installed_loops.store(nullptr, std::memory_order_release); }
+void uninstall() noexcept { detail::installed_table.store(nullptr, std::memory_order_release); }
 
-bool installed() noexcept { return detail::installed_loops.load(std::memory_order_acquire) != nullptr; }
+bool installed() noexcept { return detail::installed_table.load(std::memory_order_acquire) != nullptr; }
 
 const char* arch() { return current().loops->arch; }
 

@@ -18,14 +18,14 @@
 // linkage in an AVX2 or AVX-512 object names that object's architecture.
 #pragma once
 
-#include <rope/detail/loops.hpp>
+#include <rope/tensor/dispatch_table.hpp>
 
 namespace rope::dispatch::isa {
 
-extern const rope::detail::Loops sse2;
-extern const rope::detail::Loops avx2;
-extern const rope::detail::Loops avx512;
-extern const rope::detail::Loops neon;
+extern const rope::detail::DispatchTable sse2;
+extern const rope::detail::DispatchTable avx2;
+extern const rope::detail::DispatchTable avx512;
+extern const rope::detail::DispatchTable neon;
 
 }  // namespace rope::dispatch::isa
 
@@ -35,5 +35,5 @@ extern const rope::detail::Loops neon;
 #define ROPE_DISPATCH_DEFINE_LOOPS(name, ...)                                                          \
   static_assert(__VA_ARGS__::supported(), "loops_" #name ".cpp: compile with the flags of " #__VA_ARGS__); \
   namespace rope::dispatch::isa {                                                                      \
-  constexpr rope::detail::Loops name = rope::detail::make_loops<__VA_ARGS__>();                        \
+  constexpr rope::detail::DispatchTable name = rope::detail::make_dispatch_table<__VA_ARGS__>();                        \
   }

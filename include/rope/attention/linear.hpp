@@ -42,19 +42,17 @@
 
 #include <Eigen/Core>
 
+#include "../detail/parallel.hpp"
 #include "common.hpp"
 #include "features.hpp"
 
 namespace rope::attention {
 
-struct LinearOptions {
-  bool causal = false;
+// Positions, causality, sequence ids and threads (over key/value heads, and
+// query blocks when not causal) are MaskOptions' (masks.hpp).
+struct LinearOptions : MaskOptions {
   std::size_t chunk = 64;  // tokens per chunk of the prefix sums
   double delta = 1e-6;     // the guard g
-  std::vector<std::int64_t> q_positions, k_positions;  // empty: q_offset + i, k_offset + j
-  std::int64_t q_offset = 0, k_offset = 0;
-  std::vector<std::int64_t> q_sequence, k_sequence;  // packed batches: no attention across sequences
-  std::size_t threads = 1;  // over key/value heads (and query blocks when not causal)
 };
 
 // The running sums of one key/value head: what causal linear attention has
@@ -195,6 +193,8 @@ class LinearState {
 };
 
 namespace detail {
+
+using rope::detail::parallel_for;
 
 // From input rows to features: the feature map (or none: the inputs are
 // features already), the pre-phi rotation in d dimensions, and the eq. 19
@@ -525,19 +525,9 @@ class LinearHead {
 
 inline void check_linear_options(const char* fn, const LinearOptions& o, std::size_t lq, std::size_t lk) {
   if (o.chunk == 0) fail(fn, "options.chunk", "at least 1", o.chunk);
-  if (o.threads == 0) fail(fn, "options.threads", "at least 1", o.threads);
+  rope::detail::check_threads(fn, "options.threads", o.threads);
   if (!(o.delta >= 0.0) || !std::isfinite(o.delta)) fail(fn, "options.delta", "finite and >= 0", o.delta);
-  check_size(fn, "options.q_positions", o.q_positions, lq);
-  check_size(fn, "options.k_positions", o.k_positions, lk);
-  check_size(fn, "options.q_sequence", o.q_sequence, lq);
-  check_size(fn, "options.k_sequence", o.k_sequence, lk);
-  check_sequences(fn, o.q_sequence, lq, o.k_sequence, lk);
-  if (o.q_positions.empty() && o.q_offset > std::numeric_limits<std::int64_t>::max() - static_cast<std::int64_t>(lq)) {
-    fail(fn, "options.q_offset", "small enough for every position to fit in int64", o.q_offset);
-  }
-  if (o.k_positions.empty() && o.k_offset > std::numeric_limits<std::int64_t>::max() - static_cast<std::int64_t>(lk)) {
-    fail(fn, "options.k_offset", "small enough for every position to fit in int64", o.k_offset);
-  }
+  check_mask_options(fn, o, lq, lk);
 }
 
 inline Visibility linear_visibility(const LinearOptions& o) { return visibility_of(o); }
@@ -556,9 +546,7 @@ FeatureMap<T> check_feature_map(const char* fn, const FavorFeatures* phi, std::s
   if (m == 0) fail(fn, "the feature dimension m", "at least 1", m);
   map.pre_phi = pre_phi;
   map.pre_phi_dim = rotary_width(fn, "pre_phi", pre_phi, input_dim);
-  const Visibility vis = linear_visibility(o);
-  check_table_positions(fn, "options.q_positions", pre_phi.table, vis.q_ids, o.q_offset, lq);
-  check_table_positions(fn, "options.k_positions", pre_phi.table, vis.k_ids, o.k_offset, lk);
+  check_rotation_positions(fn, pre_phi.table, o, lq, lk, true);
   if (feature_rotation != nullptr) {
     if (m % 2 != 0) fail(fn, "the feature dimension m", "even for eq. 19 (pairs of features)", m);
     if (feature_rotation->table == nullptr) fail(fn, "feature_rotation.table", "non-null", nullptr);
@@ -568,8 +556,7 @@ FeatureMap<T> check_feature_map(const char* fn, const FavorFeatures* phi, std::s
                                                   " (build its table with rope::frequencies(m, base))",
            r);
     }
-    check_table_positions(fn, "options.q_positions", feature_rotation->table, vis.q_ids, o.q_offset, lq);
-    check_table_positions(fn, "options.k_positions", feature_rotation->table, vis.k_ids, o.k_offset, lk);
+    check_rotation_positions(fn, feature_rotation->table, o, lq, lk, true);
     map.feature_rotation = *feature_rotation;
     map.feature_rotation.rotary_dim = m;
     const double af = feature_rotation->table->attention_factor();

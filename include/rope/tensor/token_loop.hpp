@@ -1,4 +1,4 @@
-// rope/detail/token_loop.hpp — the tensor API's loop over tokens, after every
+// rope/tensor/token_loop.hpp — the tensor API's loop over tokens, after every
 // argument has been checked (apply.hpp, multi_axis.hpp).
 //
 // For each token t: fetch its cos/sin row (a Source: one table row, or rows
@@ -33,15 +33,16 @@
 #include <vector>
 
 #include "../half.hpp"
-#include "../kernels.hpp"
+#include "../kernels/rotate.hpp"
 #include "../options.hpp"
 #include "../style.hpp"
 #include "../table.hpp"
 #include "../view.hpp"
-#include "inline.hpp"
-#include "parallel.hpp"
-#include "prefetch.hpp"
-#include "stream.hpp"
+#include "../detail/inline.hpp"
+#include "../detail/parallel.hpp"
+#include "../detail/prefetch.hpp"
+#include "../detail/stream.hpp"
+#include "view_checks.hpp"
 
 namespace rope::detail {
 

@@ -1,9 +1,9 @@
-// rope/detail/loops.hpp — the hook through which rope::dispatch routes the
+// rope/tensor/dispatch_table.hpp — the table through which rope::dispatch routes the
 // checked tensor calls (apply, apply_qk, apply_mrope, apply_axial).
 //
-// A Loops table holds the token loop (token_loop.hpp) compiled for one
+// A DispatchTable holds the token loop (token_loop.hpp) compiled for one
 // instruction set: one entry per element type, source of cos/sin rows and
-// pairing. installed_loops points at the table rope::dispatch chose, or is
+// pairing. installed_table points at the table rope::dispatch chose, or is
 // null: then, as in a program without rope::dispatch, every call runs the
 // loop compiled in the caller's own translation unit. A checked call reads
 // the pointer once, after its checks; the dispatched loop costs one indirect
@@ -32,7 +32,7 @@ struct LoopSlot {
   TokenLoop<T, compute_t<T>, Source> by_style[2];
 };
 
-struct Loops : LoopSlot<float, SingleAxis<float>>,
+struct DispatchTable : LoopSlot<float, SingleAxis<float>>,
                LoopSlot<float, MultiAxis<float>>,
                LoopSlot<double, SingleAxis<double>>,
                LoopSlot<double, MultiAxis<double>>,
@@ -45,15 +45,15 @@ struct Loops : LoopSlot<float, SingleAxis<float>>,
 
 // The installed table: one object in the whole program (an inline variable),
 // constant-initialised to null before any code runs.
-inline std::atomic<const Loops*> installed_loops{nullptr};
+inline std::atomic<const DispatchTable*> installed_table{nullptr};
 
 constexpr std::size_t style_index(Style s) noexcept { return s == Style::rotate_half ? 0 : 1; }
 
 // The installed loop for this call, or null (run the compiled-in one).
 template <Style S, class T, class Source>
 TokenLoop<T, compute_t<T>, Source> installed_loop() noexcept {
-  if constexpr (std::is_base_of<LoopSlot<T, Source>, Loops>::value) {
-    if (const Loops* loops = installed_loops.load(std::memory_order_acquire)) {
+  if constexpr (std::is_base_of<LoopSlot<T, Source>, DispatchTable>::value) {
+    if (const DispatchTable* loops = installed_table.load(std::memory_order_acquire)) {
       return static_cast<const LoopSlot<T, Source>&>(*loops).by_style[style_index(S)];
     }
   }
@@ -86,18 +86,18 @@ constexpr void fill_slot(LoopSlot<T, Source>& slot) noexcept {
 }
 
 template <class Arch>
-constexpr Loops make_loops() noexcept {
-  Loops loops{};
-  fill_slot<Arch, float, SingleAxis<float>>(loops);
-  fill_slot<Arch, float, MultiAxis<float>>(loops);
-  fill_slot<Arch, double, SingleAxis<double>>(loops);
-  fill_slot<Arch, double, MultiAxis<double>>(loops);
-  fill_slot<Arch, BFloat16, SingleAxis<float>>(loops);
-  fill_slot<Arch, BFloat16, MultiAxis<float>>(loops);
-  fill_slot<Arch, Float16, SingleAxis<float>>(loops);
-  fill_slot<Arch, Float16, MultiAxis<float>>(loops);
-  loops.arch = Arch::name();
-  return loops;
+constexpr DispatchTable make_dispatch_table() noexcept {
+  DispatchTable table{};
+  fill_slot<Arch, float, SingleAxis<float>>(table);
+  fill_slot<Arch, float, MultiAxis<float>>(table);
+  fill_slot<Arch, double, SingleAxis<double>>(table);
+  fill_slot<Arch, double, MultiAxis<double>>(table);
+  fill_slot<Arch, BFloat16, SingleAxis<float>>(table);
+  fill_slot<Arch, BFloat16, MultiAxis<float>>(table);
+  fill_slot<Arch, Float16, SingleAxis<float>>(table);
+  fill_slot<Arch, Float16, MultiAxis<float>>(table);
+  table.arch = Arch::name();
+  return table;
 }
 
 }  // namespace rope::detail

@@ -1,0 +1,102 @@
+// rope/attention/checks.hpp — the checks every attention call makes before
+// it writes anything: its MaskOptions, its Rotation against the table and
+// the rows it rotates, and multi-head views. Positions, rotary widths and
+// grouped-query heads are checked as the tensor API checks them
+// (tensor/checks.hpp), so a message reads the same from either.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "../tensor/checks.hpp"
+#include "masks.hpp"
+#include "types.hpp"
+
+namespace rope::attention::detail {
+
+inline void check_size(const char* fn, const char* name, const std::vector<std::int64_t>& v, std::size_t rows) {
+  if (!v.empty() && v.size() != rows) {
+    fail(fn, std::string(name) + ".size()", "0 or the number of rows " + to_text(rows), v.size());
+  }
+}
+
+// Sequence ids come for both sides or for neither (a side without rows
+// needs none).
+inline void check_sequences(const char* fn, const std::vector<std::int64_t>& q_sequence, std::size_t lq,
+                            const std::vector<std::int64_t>& k_sequence, std::size_t lk) {
+  if (q_sequence.empty() && lq > 0 && !k_sequence.empty()) {
+    fail(fn, "options.q_sequence.size()", "q's rows " + to_text(lq) + " when options.k_sequence is given", 0);
+  }
+  if (k_sequence.empty() && lk > 0 && !q_sequence.empty()) {
+    fail(fn, "options.k_sequence.size()", "k's rows " + to_text(lk) + " when options.q_sequence is given", 0);
+  }
+}
+
+// Contiguous positions offset + 0 .. rows-1 must fit in int64.
+inline void check_offset(const char* fn, const char* name, bool used, std::int64_t offset, std::size_t rows) {
+  if (used && offset > std::numeric_limits<std::int64_t>::max() - static_cast<std::int64_t>(rows)) {
+    fail(fn, name, "small enough for every position to fit in int64", offset);
+  }
+}
+
+// The options every attention call shares, against Lq queries and Lk keys.
+inline void check_mask_options(const char* fn, const MaskOptions& o, std::size_t lq, std::size_t lk) {
+  rope::detail::check_threads(fn, "options.threads", o.threads);
+  check_size(fn, "options.q_positions", o.q_positions, lq);
+  check_size(fn, "options.k_positions", o.k_positions, lk);
+  check_size(fn, "options.q_sequence", o.q_sequence, lq);
+  check_size(fn, "options.k_sequence", o.k_sequence, lk);
+  check_sequences(fn, o.q_sequence, lq, o.k_sequence, lk);
+  check_offset(fn, "options.q_offset", o.q_positions.empty(), o.q_offset, lq);
+  check_offset(fn, "options.k_offset", o.k_positions.empty(), o.k_offset, lk);
+}
+
+// The rotary width a Rotation asks for (0: its table's), checked against the
+// table and the rows it rotates; 0 without a table.
+template <class T>
+std::size_t rotary_width(const char* fn, const char* name, const Rotation<T>& rotation, std::size_t head_dim) {
+  if (rotation.table == nullptr) return 0;
+  const std::string field = std::string(name) + ".rotary_dim";
+  const std::size_t r = rope::detail::rotary_width(fn, field, rotation.rotary_dim, rotation.table->rotary_dim());
+  if (r > head_dim) fail(fn, field, "<= the head dimension " + to_text(head_dim), r);
+  return r;
+}
+
+// The queries' and keys' positions against a rotation's table (nothing to
+// check without one).
+template <class T>
+void check_rotation_positions(const char* fn, const Table<T>* table, const MaskOptions& o, std::size_t lq,
+                              std::size_t lk, bool keys) {
+  if (table == nullptr) return;
+  rope::detail::check_positions(fn, o.q(), lq, table->positions(), {"options.q_positions", "options.q_offset"});
+  if (keys) rope::detail::check_positions(fn, o.k(), lk, table->positions(), {"options.k_positions", "options.k_offset"});
+}
+
+// Multi-head tensors: every view valid alone, shapes consistent, grouped
+// heads (q.heads a multiple of k.heads), and out sharing no element with
+// any input (heads are written as they finish).
+template <class T>
+void check_heads(const char* fn, const View<const T>& q, const View<const T>& k, const View<const T>& v,
+                 const View<T>& out) {
+  using rope::detail::check_disjoint;
+  using rope::detail::check_view;
+  check_view(fn, "q", q);
+  check_view(fn, "k", k);
+  check_view(fn, "v", v);
+  check_view(fn, "out", out);
+  rope::detail::check_grouped_heads(fn, "k.heads", k.heads, "q.heads", q.heads);
+  if (v.heads != k.heads) fail(fn, "v.heads", "k.heads = " + to_text(k.heads), v.heads);
+  if (v.tokens != k.tokens) fail(fn, "v.tokens", "k.tokens = " + to_text(k.tokens), v.tokens);
+  if (k.head_dim != q.head_dim) fail(fn, "k.head_dim", "q.head_dim = " + to_text(q.head_dim), k.head_dim);
+  if (out.tokens != q.tokens) fail(fn, "out.tokens", "q.tokens = " + to_text(q.tokens), out.tokens);
+  if (out.heads != q.heads) fail(fn, "out.heads", "q.heads = " + to_text(q.heads), out.heads);
+  if (out.head_dim != v.head_dim) fail(fn, "out.head_dim", "v.head_dim = " + to_text(v.head_dim), out.head_dim);
+  check_disjoint(fn, "out", out, "q", q);
+  check_disjoint(fn, "out", out, "k", k);
+  check_disjoint(fn, "out", out, "v", v);
+}
+
+}  // namespace rope::attention::detail

@@ -1,0 +1,476 @@
+// rope/attention/softmax_tile.hpp — the machinery of softmax attention
+// (softmax.hpp): the checked plan of a call, the online-softmax tile of a
+// block of query rows against blocks of keys, and the split of heads and
+// query blocks across threads.
+//
+// A tile of `block` query rows by `block` keys at a time, each product one
+// Eigen GEMM, with a running max and running sum per row; memory
+// O(block^2 + L d) per thread. With grouped-query heads the query heads that
+// share a key/value head are stacked into one tile, so each K and V row is
+// read once per group, and K is rotated once per key/value head. A decode
+// step (a few rows per head) runs row by row on the kernel layer's
+// attention rows (kernels/attention_rows.hpp) instead of GEMMs. When the
+// keys are sorted by (sequence, position) each query sees one contiguous
+// range of keys: tiles are cut at the ranges' ends, so masked work stays
+// below one tile width per row.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "../detail/parallel.hpp"
+#include "../detail/prefetch.hpp"
+#include "../kernels/attention_rows.hpp"
+#include "checks.hpp"
+#include "masks.hpp"
+#include "rows.hpp"
+#include "types.hpp"
+
+namespace rope::attention {
+
+// Positions, causality, sequence ids and threads (over key/value heads,
+// then over query blocks) are MaskOptions' (masks.hpp).
+struct SoftmaxOptions : MaskOptions {
+  std::optional<double> scale;  // empty: 1/sqrt(d)
+  // Rows of the score tile on each side: query rows (a group's heads times
+  // tokens) and keys per block. 256 x 256 scores of f32: 256 KiB.
+  std::size_t block = 256;
+  std::size_t window = 0;     // > 0: key j visible to query i only if pk_j > pq_i - window
+  bool keys_rotated = false;  // K already rotated (a KV cache): rotate Q only
+};
+
+namespace detail {
+
+using rope::detail::parallel_for;
+
+// What a checked softmax call computes: everything the tiles read besides
+// the views, derived once from the options (and, for softmax_step, from the
+// cache), so that no caller's options are rewritten on the way.
+template <class T>
+struct SoftmaxPlan {
+  std::size_t rotary_dim = 0;
+  T scale = 1;
+  Visibility visibility;
+  bool sorted = true;
+  bool keys_rotated = false;  // K read as stored (a cache of rotated keys)
+  std::size_t block = 256;
+  std::size_t threads = 1;
+};
+
+// The fields of SoftmaxOptions beyond MaskOptions, and the plan they give
+// for head dimension d (positions and visibility are the caller's to fill).
+template <class T>
+SoftmaxPlan<T> softmax_fields(const char* fn, std::size_t d, const Rotation<T>& rotation, const SoftmaxOptions& o) {
+  if (o.block == 0) fail(fn, "options.block", "at least 1", o.block);
+  double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  if (o.scale) {
+    if (!std::isfinite(*o.scale)) fail(fn, "options.scale", "finite", *o.scale);
+    scale = *o.scale;
+  }
+  SoftmaxPlan<T> plan;
+  plan.rotary_dim = rotary_width(fn, "rotation", rotation, d);
+  plan.scale = static_cast<T>(scale);
+  plan.keys_rotated = o.keys_rotated;
+  plan.block = o.block;
+  plan.threads = o.threads;
+  return plan;
+}
+
+// Every argument of a softmax call; throws before anything is written.
+template <class T>
+SoftmaxPlan<T> check_softmax(const char* fn, std::size_t lq, std::size_t lk, std::size_t d,
+                             const Rotation<T>& rotation, const SoftmaxOptions& o) {
+  check_mask_options(fn, o, lq, lk);
+  SoftmaxPlan<T> plan = softmax_fields(fn, d, rotation, o);
+  check_rotation_positions(fn, rotation.table, o, lq, lk, !o.keys_rotated);
+  plan.visibility = visibility_of(o);
+  plan.visibility.window = o.window;
+  plan.sorted = plan.visibility.keys_sorted(lk);
+  return plan;
+}
+
+// The running state of one key/value head's query rows in a tile.
+template <class T>
+struct HeadRows {
+  Matrix<T> q;    // rows x d: the group's queries, rotated and scaled
+  Matrix<T> acc;  // rows x dv
+  Vector<T> row_max, row_sum;
+};
+
+// The buffers one thread reuses for every tile it computes (allocated once
+// per call, before any thread starts).
+template <class T>
+struct SoftmaxWorkspace {
+  std::vector<HeadRows<T>> heads;  // one per key/value head of the item
+  Matrix<T> scores;                // rows x block (all heads' rows, row by row)
+  std::vector<ConstRowsMap<T>> key_maps;
+  Matrix<T> keys;                  // Lk x d: the rotated keys of one key/value head
+  std::size_t keys_of_head = static_cast<std::size_t>(-1);
+  Matrix<T> values;                // Lk x dv: the values of one key/value head, contiguous
+  std::size_t values_of_head = static_cast<std::size_t>(-1);
+  std::vector<std::size_t> lo, hi;  // each token's visible key range (sorted keys)
+  std::vector<unsigned char> seen;  // per token: some key was visible
+};
+
+// One work item: query tokens [t0, t1) of key/value heads [g0, g1). The
+// `group` query heads of a key/value head are stacked token-major (row =
+// token * group + head). Every head of the item meets each key tile in turn,
+// so a KV cache [tokens, heads, d] is read in memory order, a token's heads
+// together, whatever the item's number of heads: results per head do not
+// depend on it.
+template <class T>
+class SoftmaxTile {
+ public:
+  SoftmaxTile(const View<const T>& q, const View<const T>& k, const View<const T>& v, const View<T>& out,
+              const Rotation<T>& rotation, const SoftmaxPlan<T>& plan, SoftmaxWorkspace<T>& ws)
+      : q_(q), k_(k), v_(v), out_(out), rotation_(rotation), plan_(plan), ws_(ws) {}
+
+  void run(std::size_t g0, std::size_t g1, std::size_t t0, std::size_t t1) {
+    group_ = q_.heads / k_.heads;
+    g0_ = g0;
+    t0_ = t0;
+    tokens_ = t1 - t0;
+    const auto rows = static_cast<Eigen::Index>(tokens_ * group_);
+    const auto dv = static_cast<Eigen::Index>(v_.head_dim);
+    ws_.heads.resize(g1 - g0);
+    for (std::size_t i = 0; i < g1 - g0; ++i) {
+      HeadRows<T>& head = ws_.heads[i];
+      load_queries(g0 + i, head);
+      head.acc.setZero(rows, dv);
+      head.row_max.setConstant(rows, -std::numeric_limits<T>::infinity());
+      head.row_sum.setZero(rows);
+    }
+    ws_.seen.assign(tokens_, 0);
+    const std::size_t lk = k_.tokens;
+    thin_ = static_cast<std::size_t>(rows) <= kThinRows;
+    const std::size_t bk = std::min(thin_ ? std::min(plan_.block, kThinBlock) : plan_.block, std::max<std::size_t>(lk, 1));
+    if (!plan_.visibility.masks()) {
+      sweep(0, lk, bk, false);
+      std::fill(ws_.seen.begin(), ws_.seen.end(), lk > 0 ? 1 : 0);
+    } else if (plan_.sorted) {
+      // Keys every token of the tile sees (full) and the ragged ends.
+      ws_.lo.resize(tokens_);
+      ws_.hi.resize(tokens_);
+      std::size_t min_lo = lk, max_lo = 0, min_hi = lk, max_hi = 0;
+      for (std::size_t t = 0; t < tokens_; ++t) {
+        plan_.visibility.range(t0_ + t, lk, ws_.lo[t], ws_.hi[t]);
+        if (ws_.lo[t] >= ws_.hi[t]) continue;
+        ws_.seen[t] = 1;
+        min_lo = std::min(min_lo, ws_.lo[t]);
+        max_lo = std::max(max_lo, ws_.lo[t]);
+        min_hi = std::min(min_hi, ws_.hi[t]);
+        max_hi = std::max(max_hi, ws_.hi[t]);
+      }
+      if (min_lo < max_hi) {
+        const bool uniform = max_lo < min_hi && std::count(ws_.seen.begin(), ws_.seen.end(), 1) ==
+                                                    static_cast<std::ptrdiff_t>(tokens_);
+        if (uniform) {
+          // The full range cut at multiples of kGranule keys: GEMMs of odd
+          // widths are slow, and a few masked keys more cost less.
+          const std::size_t full_lo = std::min(min_hi, (max_lo + kGranule - 1) / kGranule * kGranule);
+          const std::size_t full_hi = std::max(full_lo, min_hi / kGranule * kGranule);
+          sweep(min_lo, full_lo, bk, true);
+          sweep(full_lo, full_hi, bk, false);
+          sweep(full_hi, max_hi, bk, true);
+        } else {
+          sweep(min_lo, max_hi, bk, true);
+        }
+      }
+    } else {
+      for (std::size_t t = 0; t < tokens_; ++t) {
+        for (std::size_t j = 0; j < lk && !ws_.seen[t]; ++j) ws_.seen[t] = plan_.visibility.visible(t0_ + t, j);
+      }
+      sweep(0, lk, bk, true);
+    }
+    for (std::size_t i = 0; i < g1 - g0; ++i) write_out(g0 + i, ws_.heads[i]);
+  }
+
+  // Whether K is read in place (not rotated into the workspace first).
+  static bool keys_in_place(const Rotation<T>& rotation, const SoftmaxPlan<T>& plan) {
+    return rotation.table == nullptr || plan.rotary_dim == 0 || plan.keys_rotated;
+  }
+  // Query rows per head up to which a tile is computed row by row rather
+  // than by GEMM, and how many tokens ahead that pass prefetches.
+  static constexpr std::size_t kThinRows = 8;
+  static constexpr std::size_t kGranule = 64;
+  static constexpr std::size_t kAhead = 2;
+  static constexpr std::size_t kThinBlock = 64;
+
+ private:
+  // The group's queries of head g, rotated at their positions and scaled once.
+  void load_queries(std::size_t g, HeadRows<T>& head) {
+    const auto d = static_cast<Eigen::Index>(q_.head_dim);
+    head.q.resize(static_cast<Eigen::Index>(tokens_ * group_), d);
+    for (std::size_t t = 0; t < tokens_; ++t) {
+      for (std::size_t h = 0; h < group_; ++h) {
+        std::memcpy(head.q.row(static_cast<Eigen::Index>(t * group_ + h)).data(), q_.row(t0_ + t, g * group_ + h),
+                    static_cast<std::size_t>(d) * sizeof(T));
+      }
+      T* first = head.q.row(static_cast<Eigen::Index>(t * group_)).data();
+      rotate_at(rotation_, plan_.rotary_dim, static_cast<std::size_t>(plan_.visibility.q_position(t0_ + t)), first,
+                first, d, group_, static_cast<std::size_t>(d));
+    }
+    head.q *= plan_.scale;  // one pass over Q instead of one over every score tile
+  }
+
+  // K of head g: rotated once into the workspace (an item of one head), or
+  // read in place.
+  ConstRowsMap<T> keys_of(std::size_t g, std::size_t j0, std::size_t n) {
+    const std::size_t lk = k_.tokens;
+    const auto d = static_cast<Eigen::Index>(k_.head_dim);
+    if (keys_in_place(rotation_, plan_)) {
+      const Eigen::Index stride = lk > 1 ? static_cast<Eigen::Index>(k_.token_stride) : d;
+      return ConstRowsMap<T>(k_.row(j0, g), static_cast<Eigen::Index>(n), d, Eigen::OuterStride<>(stride));
+    }
+    if (ws_.keys_of_head != g) {
+      ws_.keys.resize(static_cast<Eigen::Index>(lk), d);
+      for (std::size_t j = 0; j < lk; ++j) {
+        rotate_at(rotation_, plan_.rotary_dim, static_cast<std::size_t>(plan_.visibility.k_position(j)), k_.row(j, g),
+                  ws_.keys.row(static_cast<Eigen::Index>(j)).data(), 0, 1, static_cast<std::size_t>(d));
+      }
+      ws_.keys_of_head = g;
+    }
+    return ConstRowsMap<T>(ws_.keys.row(static_cast<Eigen::Index>(j0)).data(), static_cast<Eigen::Index>(n), d,
+                           Eigen::OuterStride<>(d));
+  }
+
+  // V of head g: in place for a decode step (read once), else copied once
+  // per head into contiguous rows (every query block of the head reads it,
+  // and packing strided rows for the GEMM costs more than one copy).
+  ConstRowsMap<T> values_of(std::size_t g, std::size_t j0, std::size_t n) {
+    const auto dv = static_cast<Eigen::Index>(v_.head_dim);
+    if (thin_) {
+      const std::size_t stride = k_.tokens > 1 ? v_.token_stride : v_.head_dim;
+      return ConstRowsMap<T>(v_.row(j0, g), static_cast<Eigen::Index>(n), dv,
+                             Eigen::OuterStride<>(static_cast<Eigen::Index>(stride)));
+    }
+    if (ws_.values_of_head != g) {
+      ws_.values.resize(static_cast<Eigen::Index>(v_.tokens), dv);
+      for (std::size_t j = 0; j < v_.tokens; ++j) {
+        std::memcpy(ws_.values.row(static_cast<Eigen::Index>(j)).data(), v_.row(j, g), v_.head_dim * sizeof(T));
+      }
+      ws_.values_of_head = g;
+    }
+    return ConstRowsMap<T>(ws_.values.row(static_cast<Eigen::Index>(j0)).data(), static_cast<Eigen::Index>(n), dv,
+                           Eigen::OuterStride<>(dv));
+  }
+
+  void sweep(std::size_t begin, std::size_t end, std::size_t bk, bool partial) {
+    for (std::size_t j0 = begin; j0 < end; j0 += bk) {
+      const std::size_t n = std::min(bk, end - j0);
+      if (partial && !any_visible(j0, n)) continue;
+      if (thin_) {
+        thin_tile(j0, n, partial);
+      } else {
+        for (std::size_t i = 0; i < ws_.heads.size(); ++i) tile(g0_ + i, ws_.heads[i], j0, n, partial);
+      }
+    }
+  }
+
+  bool visible(std::size_t t, std::size_t j) const noexcept {
+    if (plan_.sorted) return j >= ws_.lo[t] && j < ws_.hi[t];
+    return plan_.visibility.visible(t0_ + t, j);
+  }
+  bool any_visible(std::size_t j0, std::size_t n) const noexcept {
+    for (std::size_t t = 0; t < tokens_; ++t) {
+      for (std::size_t j = j0; j < j0 + n; ++j) {
+        if (visible(t, j)) return true;
+      }
+    }
+    return false;
+  }
+
+  // Keys [j0, j0 + n) of head g by GEMM: scores, running max and sum, and
+  // the weighted values.
+  void tile(std::size_t g, HeadRows<T>& head, std::size_t j0, std::size_t n, bool partial) {
+    const ConstRowsMap<T> keys = keys_of(g, j0, n);
+    const ConstRowsMap<T> values = values_of(g, j0, n);
+    ws_.scores.noalias() = head.q * keys.transpose();
+    Eigen::Ref<Matrix<T>> s(ws_.scores);
+    update(head, s, j0, n, partial);
+    if (!partial || values.allFinite()) {
+      head.acc.noalias() += ws_.scores * values;
+    } else {
+      accumulate_visible(head, s, values, j0, n);
+    }
+  }
+
+  // A few query rows per head (a decode step): keys [j0, j0 + n) of every
+  // head of the item, one token at a time, a token's heads together, as a
+  // token-major cache holds them; dot products and weighted sums row by row
+  // instead of GEMMs whose packing would cost more than their arithmetic.
+  void thin_tile(std::size_t j0, std::size_t n, bool partial) {
+    const std::size_t heads = ws_.heads.size();
+    const auto rows = ws_.heads[0].q.rows(), d = ws_.heads[0].q.cols();
+    const auto bn = static_cast<Eigen::Index>(n);
+    ws_.key_maps.clear();
+    for (std::size_t i = 0; i < heads; ++i) ws_.key_maps.push_back(keys_of(g0_ + i, j0, n));
+    ws_.scores.resize(static_cast<Eigen::Index>(heads) * rows, bn);
+    for (Eigen::Index j = 0; j < bn; ++j) {
+      prefetch_token(j0 + static_cast<std::size_t>(j) + kAhead, true);
+      prefetch_token(j0 + static_cast<std::size_t>(j), false);
+      for (std::size_t i = 0; i < heads; ++i) {
+        rope::dot_rows(ws_.heads[i].q.data(), static_cast<std::size_t>(rows), static_cast<std::size_t>(d),
+                 ws_.key_maps[i].row(j).data(), &ws_.scores(static_cast<Eigen::Index>(i) * rows, j),
+                 static_cast<std::size_t>(bn));
+      }
+    }
+    for (std::size_t i = 0; i < heads; ++i) {
+      Eigen::Ref<Matrix<T>> s(ws_.scores.middleRows(static_cast<Eigen::Index>(i) * rows, rows));
+      update(ws_.heads[i], s, j0, n, partial);
+      if (partial) accumulate_visible(ws_.heads[i], s, values_of(g0_ + i, j0, n), j0, n);
+    }
+    if (partial) return;
+    // The weighted values head by head, each head's block of values in one
+    // pass with the accumulators in registers; the values were asked for
+    // while the scores were computed. Meanwhile the next block's keys are
+    // asked for, a share per head.
+    const std::size_t value_stride = k_.tokens > 1 ? v_.token_stride : v_.head_dim;
+    for (std::size_t i = 0; i < heads; ++i) {
+      for (std::size_t j = n * i / heads; j < n * (i + 1) / heads; ++j) prefetch_token(j0 + n + j, true);
+      HeadRows<T>& head = ws_.heads[i];
+      rope::weighted_rows(&ws_.scores(static_cast<Eigen::Index>(i) * rows, 0), static_cast<std::size_t>(bn),
+                    static_cast<std::size_t>(rows), n, v_.row(j0, g0_ + i), value_stride, v_.head_dim,
+                    head.acc.data(), static_cast<std::size_t>(head.acc.cols()));
+    }
+  }
+
+  // Masks the scores s of one head's rows, then the online softmax step:
+  // new running max, exp(s - max) in place, the correction of what was
+  // accumulated so far, the running sums. A row with nothing visible yet
+  // keeps the shift 0, so that exp(-inf - 0) is 0 rather than NaN.
+  void update(HeadRows<T>& head, Eigen::Ref<Matrix<T>> s, std::size_t j0, std::size_t n, bool partial) {
+    const T neg_inf = -std::numeric_limits<T>::infinity();
+    if (partial) mask(s, j0, n, neg_inf);
+    for (Eigen::Index r = 0; r < s.rows(); ++r) {
+      auto row = s.row(r);  // one row at a time, while it is in L1
+      const T old_max = head.row_max[r];
+      const T new_max = std::max(old_max, row.maxCoeff());
+      const T shift = new_max == neg_inf ? T(0) : new_max;
+      row = (row.array() - shift).exp().matrix();
+      // A vectorised exp need not return exactly 0 for -inf (Eigen's double
+      // exp clamps to ~5e-309): masked weights are set to 0 here.
+      if (partial) mask_row(row, static_cast<std::size_t>(r) / group_, j0, n);
+      const T correction = (old_max == neg_inf || new_max == neg_inf) ? T(old_max == neg_inf ? 0 : 1)
+                                                                      : std::exp(old_max - new_max);
+      if (new_max != neg_inf) head.row_max[r] = new_max;
+      head.row_sum[r] = head.row_sum[r] * correction + row.sum();
+      if (correction != T(1)) head.acc.row(r) *= correction;
+    }
+  }
+
+  // The weighted values of the visible keys only: a masked entry is left out,
+  // never multiplied by zero, so that a masked key's value that is not finite
+  // cannot leak into rows that must not see it.
+  void accumulate_visible(HeadRows<T>& head, const Eigen::Ref<Matrix<T>>& s, const ConstRowsMap<T>& values,
+                          std::size_t j0, std::size_t n) {
+    for (std::size_t t = 0; t < tokens_; ++t) {
+      for (std::size_t j = 0; j < n; ++j) {
+        if (!visible(t, j0 + j)) continue;
+        const auto jj = static_cast<Eigen::Index>(j);
+        for (std::size_t h = 0; h < group_; ++h) {
+          const auto r = static_cast<Eigen::Index>(t * group_ + h);
+          head.acc.row(r) += s(r, jj) * values.row(jj);
+        }
+      }
+    }
+  }
+
+  // Zeroes the weights of the keys token t does not see.
+  template <class Row>
+  void mask_row(Row& row, std::size_t t, std::size_t j0, std::size_t n) const {
+    if (plan_.sorted) {
+      // The token's visible range within [j0, j0 + n): zero what is outside.
+      const std::size_t lo = std::clamp(ws_.lo[t], j0, j0 + n) - j0, hi = std::clamp(ws_.hi[t], j0, j0 + n) - j0;
+      row.head(static_cast<Eigen::Index>(lo)).setZero();
+      row.segment(static_cast<Eigen::Index>(std::max(lo, hi)), static_cast<Eigen::Index>(n - std::max(lo, hi))).setZero();
+      return;
+    }
+    for (std::size_t j = 0; j < n; ++j) {
+      if (!visible(t, j0 + j)) row[static_cast<Eigen::Index>(j)] = T(0);
+    }
+  }
+
+  // Sets the entries of masked keys to `value`.
+  void mask(Eigen::Ref<Matrix<T>> s, std::size_t j0, std::size_t n, T value) const {
+    for (std::size_t t = 0; t < tokens_; ++t) {
+      for (std::size_t j = 0; j < n; ++j) {
+        if (!visible(t, j0 + j)) {
+          s.block(static_cast<Eigen::Index>(t * group_), static_cast<Eigen::Index>(j),
+                  static_cast<Eigen::Index>(group_), 1).setConstant(value);
+        }
+      }
+    }
+  }
+
+  // The K (when read in place) or V rows of token j for every head of the
+  // item, a few tokens ahead of the one being read: a token-major cache
+  // keeps a token's heads together and its tokens a page or more apart,
+  // where the hardware prefetchers stop.
+  void prefetch_token(std::size_t j, bool keys) const noexcept {
+    if (j >= k_.tokens) return;
+    const View<const T>& x = keys ? k_ : v_;
+    if (keys && !keys_in_place(rotation_, plan_)) return;
+    const std::size_t heads = ws_.heads.size();
+    if (x.head_stride == x.head_dim) {
+      rope::detail::prefetch(x.row(j, g0_), heads * x.head_dim * sizeof(T));
+    } else {
+      for (std::size_t i = 0; i < heads; ++i) rope::detail::prefetch(x.row(j, g0_ + i), x.head_dim * sizeof(T));
+    }
+  }
+
+  void write_out(std::size_t g, const HeadRows<T>& head) {
+    const auto dv = static_cast<Eigen::Index>(v_.head_dim);
+    for (Eigen::Index r = 0; r < head.acc.rows(); ++r) {
+      const auto t = static_cast<std::size_t>(r) / group_, h = static_cast<std::size_t>(r) % group_;
+      write_output_row(out_.row(t0_ + t, g * group_ + h), dv, head.acc.row(r), head.row_sum[r], ws_.seen[t] != 0);
+    }
+  }
+
+  const View<const T>& q_;
+  const View<const T>& k_;
+  const View<const T>& v_;
+  const View<T>& out_;
+  const Rotation<T>& rotation_;
+  const SoftmaxPlan<T>& plan_;
+  SoftmaxWorkspace<T>& ws_;
+  std::size_t group_ = 1, g0_ = 0, t0_ = 0, tokens_ = 0;
+  bool thin_ = false;
+};
+
+// Every head and query block of checked views. Work items are (range of
+// key/value heads, block of query tokens), split across threads. An item
+// holds one key/value head, except when K is read in place and a head's
+// tile has few rows (decoding): then the heads are split into one range per
+// thread, so that each thread reads its part of every cached token at once.
+template <class T>
+void softmax_heads(const View<const T>& q, const View<const T>& k, const View<const T>& v, const View<T>& out,
+                   const Rotation<T>& rotation, const SoftmaxPlan<T>& plan) {
+  if (q.tokens == 0 || q.heads == 0) return;
+  const std::size_t group = q.heads / k.heads;
+  const std::size_t tokens_per_block = std::max<std::size_t>(1, std::min(plan.block, q.tokens * group) / group);
+  const std::size_t blocks = (q.tokens + tokens_per_block - 1) / tokens_per_block;
+  const bool together = SoftmaxTile<T>::keys_in_place(rotation, plan) &&
+                        std::min(tokens_per_block, q.tokens) * group <= SoftmaxTile<T>::kThinRows;
+  const std::size_t ranges = together ? std::min(k.heads, plan.threads) : k.heads;
+  const std::size_t items = ranges * blocks;
+  const std::size_t workers = std::max<std::size_t>(1, std::min(plan.threads, items));
+  std::vector<SoftmaxWorkspace<T>> workspaces(workers);
+  parallel_for(items, workers, [&](std::size_t item, std::size_t w) {
+    const std::size_t range = item / blocks, b = item % blocks;
+    const std::size_t g0 = k.heads * range / ranges, g1 = k.heads * (range + 1) / ranges;
+    const std::size_t t0 = b * tokens_per_block;
+    SoftmaxTile<T>(q, k, v, out, rotation, plan, workspaces[w]).run(g0, g1, t0, std::min(q.tokens, t0 + tokens_per_block));
+  });
+}
+
+}  // namespace detail
+}  // namespace rope::attention
