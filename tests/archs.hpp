@@ -4,10 +4,14 @@
 // has no double), so a skip shows in the test's output.
 #pragma once
 
+#include <cstdlib>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include <rope/detail/simd.hpp>
 
@@ -33,6 +37,48 @@ std::vector<std::string> for_each_arch(F&& f) {
                   << scalar_name<T>() << "\n";
       });
   return ran;
+}
+
+// The architectures this build targets, as GoogleTest types: a typed suite
+// over them is named by the architecture (Suite/avx512bw.Test), so a test
+// log says which instruction sets ran and which were skipped.
+template <class List>
+struct TestTypesOf;
+template <class... A>
+struct TestTypesOf<xsimd::arch_list<A...>> {
+  using type = ::testing::Types<A...>;
+};
+using BuiltArchs = typename TestTypesOf<xsimd::supported_architectures>::type;
+struct ArchNames {
+  template <class Arch>
+  static std::string GetName(int) {
+    return Arch::name();
+  }
+};
+
+// Whether fused multiply-adds round once on Arch (detail::mul_add): then a
+// kernel and its std::fma twin agree bit for bit.
+template <class Arch>
+constexpr bool kFusedMultiplyAdd =
+    std::is_base_of<xsimd::avx512f, Arch>::value || std::is_base_of<xsimd::fma3<xsimd::sse4_2>, Arch>::value ||
+    std::is_base_of<xsimd::fma3<xsimd::avx>, Arch>::value || std::is_base_of<xsimd::fma3<xsimd::avx2>, Arch>::value
+#if defined(__aarch64__)
+    || std::is_base_of<xsimd::neon, Arch>::value
+#endif
+    ;
+
+// The architectures CI expects this machine to run (ROPE_EXPECT_ARCHS, a
+// comma-separated list of xsimd names, e.g. "avx512bw,avx2,sse2"); empty
+// when unset.
+inline std::vector<std::string> expected_archs() {
+  std::vector<std::string> names;
+  const char* listed = std::getenv("ROPE_EXPECT_ARCHS");
+  if (listed == nullptr) return names;
+  std::stringstream in(listed);
+  for (std::string name; std::getline(in, name, ',');) {
+    if (!name.empty()) names.push_back(name);
+  }
+  return names;
 }
 
 }  // namespace rope_test

@@ -1,0 +1,174 @@
+// Attention's SIMD rows (kernels/attention_rows.hpp) on every architecture
+// this build targets, each suite named by its architecture, against their
+// scalar twins (reference.hpp) and long double:
+//   weighted_rows equals reference::weighted_rows bit for bit where the
+//   architecture has fused multiply-adds (both add value by value, one
+//   rounding each), and is within n * eps * sum |w v| of long double
+//   everywhere;
+//   dot_rows is within d * eps * sum |q k| of long double (its lanes sum in
+//   another order than the reference's loop).
+// Every row count 1 .. 10 (the register-blocked 1 .. 8 and the fallback),
+// channel counts around every batch width, strided weights and accumulators,
+// and guard values around every output.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <rope/kernels.hpp>
+#include <rope/reference.hpp>
+
+#include "archs.hpp"
+#include "support.hpp"
+
+namespace {
+
+template <class Arch>
+class AttentionRows : public ::testing::Test {};
+TYPED_TEST_SUITE(AttentionRows, rope_test::BuiltArchs, rope_test::ArchNames);
+
+constexpr std::size_t kDims[] = {1, 3, 4, 7, 8, 15, 16, 17, 31, 32, 33, 64, 65, 128, 130};
+
+template <class T>
+long double abs_ld(T x) {
+  return std::fabs(static_cast<long double>(x));
+}
+
+template <class T, class Arch>
+void check_weighted_rows() {
+  const double eps = std::numeric_limits<T>::epsilon();
+  for (std::size_t rows = 1; rows <= 10; ++rows) {
+    for (std::size_t dv : kDims) {
+      const std::size_t n = 1 + (dv * 7 + rows) % 23;
+      const std::size_t weight_stride = n + 3, value_stride = dv + 5, acc_stride = dv + 2;
+      const auto weights = rope_test::random_vector<T>(rows * weight_stride, 11u * rows + dv);
+      const auto values = rope_test::random_vector<T>(n * value_stride, 13u * rows + dv);
+      const auto start = rope_test::random_vector<T>(rows * acc_stride, 17u * rows + dv);
+      rope_test::Guarded<T> acc(rows * acc_stride, rows % 3);
+      std::copy(start.begin(), start.end(), acc.data());
+      std::vector<T> twin = start;
+      rope::weighted_rows<T, Arch>(weights.data(), weight_stride, rows, n, values.data(), value_stride, dv, acc.data(),
+                                   acc_stride);
+      rope::reference::weighted_rows(weights.data(), weight_stride, rows, n, values.data(), value_stride, dv,
+                                     twin.data(), acc_stride);
+      ASSERT_TRUE(acc.guards_intact()) << Arch::name() << " rows " << rows << " dv " << dv;
+      for (std::size_t r = 0; r < rows; ++r) {
+        for (std::size_t c = 0; c < acc_stride; ++c) {
+          const std::size_t i = r * acc_stride + c;
+          if (c >= dv) {
+            ASSERT_EQ(std::memcmp(&acc.data()[i], &start[i], sizeof(T)), 0) << "gap written, row " << r;
+            continue;
+          }
+          long double exact = start[i], magnitude = abs_ld(start[i]);
+          for (std::size_t j = 0; j < n; ++j) {
+            const long double term = static_cast<long double>(weights[r * weight_stride + j]) *
+                                     static_cast<long double>(values[j * value_stride + c]);
+            exact += term;
+            magnitude += std::fabs(term);
+          }
+          const double bound = static_cast<double>(n + 1) * eps * static_cast<double>(magnitude);
+          ASSERT_NEAR(static_cast<double>(acc.data()[i]), static_cast<double>(exact), bound)
+              << Arch::name() << " rows " << rows << " dv " << dv << " channel " << c;
+          if (rope_test::kFusedMultiplyAdd<Arch>) {
+            ASSERT_EQ(std::memcmp(&acc.data()[i], &twin[i], sizeof(T)), 0)
+                << Arch::name() << " differs from reference::weighted_rows: rows " << rows << " dv " << dv
+                << " channel " << c << ": " << acc.data()[i] << " vs " << twin[i];
+          }
+        }
+      }
+    }
+  }
+}
+
+template <class T, class Arch>
+void check_dot_rows() {
+  const double eps = std::numeric_limits<T>::epsilon();
+  for (std::size_t rows = 1; rows <= 10; ++rows) {
+    for (std::size_t d : kDims) {
+      const auto q = rope_test::random_vector<T>(rows * d, 19u * rows + d);
+      const auto key = rope_test::random_vector<T>(d, 23u * rows + d);
+      const std::size_t stride = 3;
+      rope_test::Guarded<T> scores(rows * stride, 1);
+      std::vector<T> before(scores.data(), scores.data() + rows * stride);
+      std::vector<T> twin(rows * stride, T(0));
+      rope::dot_rows<T, Arch>(q.data(), rows, d, key.data(), scores.data(), stride);
+      rope::reference::dot_rows(q.data(), rows, d, key.data(), twin.data(), stride);
+      ASSERT_TRUE(scores.guards_intact()) << Arch::name();
+      for (std::size_t r = 0; r < rows; ++r) {
+        long double exact = 0, magnitude = 0;
+        for (std::size_t c = 0; c < d; ++c) {
+          const long double term = static_cast<long double>(q[r * d + c]) * static_cast<long double>(key[c]);
+          exact += term;
+          magnitude += std::fabs(term);
+        }
+        const double bound = static_cast<double>(d) * eps * static_cast<double>(magnitude);
+        ASSERT_NEAR(static_cast<double>(scores.data()[r * stride]), static_cast<double>(exact), bound)
+            << Arch::name() << " rows " << rows << " d " << d;
+        ASSERT_NEAR(static_cast<double>(twin[r * stride]), static_cast<double>(exact), bound) << "the twin, d " << d;
+        for (std::size_t s = 1; s < stride; ++s) {
+          ASSERT_EQ(std::memcmp(&scores.data()[r * stride + s], &before[r * stride + s], sizeof(T)), 0)
+              << "a score gap was written";
+        }
+      }
+    }
+  }
+}
+
+TYPED_TEST(AttentionRows, WeightedRowsMatchTheirTwinAndLongDouble) {
+  using Arch = TypeParam;
+  if (!rope::detail::cpu_supports<Arch>()) GTEST_SKIP() << Arch::name() << " does not run on this CPU";
+  check_weighted_rows<float, Arch>();
+  if constexpr (rope::detail::has_batch<double, Arch>::value) check_weighted_rows<double, Arch>();
+}
+
+TYPED_TEST(AttentionRows, DotRowsMatchLongDouble) {
+  using Arch = TypeParam;
+  if (!rope::detail::cpu_supports<Arch>()) GTEST_SKIP() << Arch::name() << " does not run on this CPU";
+  check_dot_rows<float, Arch>();
+  if constexpr (rope::detail::has_batch<double, Arch>::value) check_dot_rows<double, Arch>();
+}
+
+// A NaN in one value row reaches every accumulator that weighs it, and no
+// other channel; a zero weight on an infinite value is NaN, as IEEE says
+// (attention leaves masked keys out instead of weighing them by zero).
+TYPED_TEST(AttentionRows, NonFiniteValuesReachOnlyTheirChannels) {
+  using Arch = TypeParam;
+  if (!rope::detail::cpu_supports<Arch>()) GTEST_SKIP() << Arch::name() << " does not run on this CPU";
+  const std::size_t rows = 3, n = 5, dv = 37;
+  std::vector<float> weights(rows * n, 0.5f), values(n * dv, 1.0f), acc(rows * dv, 0.0f);
+  values[2 * dv + 11] = std::numeric_limits<float>::quiet_NaN();
+  rope::weighted_rows<float, Arch>(weights.data(), n, rows, n, values.data(), dv, dv, acc.data(), dv);
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t c = 0; c < dv; ++c) {
+      if (c == 11) {
+        EXPECT_TRUE(std::isnan(acc[r * dv + c])) << Arch::name() << " row " << r;
+      } else {
+        EXPECT_EQ(acc[r * dv + c], 2.5f) << Arch::name() << " row " << r << " channel " << c;
+      }
+    }
+  }
+}
+
+// CI names the architectures this machine must run (ROPE_EXPECT_ARCHS): one
+// that the build lost, or that the CPU cannot run, fails here instead of
+// skipping silently.
+TEST(Architectures, EveryExpectedArchitectureIsBuiltAndRuns) {
+  const auto expected = rope_test::expected_archs();
+  if (expected.empty()) GTEST_SKIP() << "ROPE_EXPECT_ARCHS is not set";
+  std::vector<std::string> runnable;
+  xsimd::supported_architectures::for_each([&](auto arch) {
+    if (rope::detail::cpu_supports<decltype(arch)>()) runnable.emplace_back(decltype(arch)::name());
+  });
+  std::string listed;
+  for (const auto& name : runnable) listed += name + " ";
+  for (const auto& name : expected) {
+    EXPECT_NE(std::find(runnable.begin(), runnable.end(), name), runnable.end())
+        << "expected architecture " << name << " is not built or does not run here (runnable: " << listed << ")";
+  }
+}
+
+}  // namespace
