@@ -40,11 +40,12 @@
 
 #include "../view.hpp"
 #include "common.hpp"
+#include "options.hpp"
 #include "softmax_tile.hpp"
 
 namespace rope::attention {
 
-// SoftmaxOptions: softmax_tile.hpp.
+// SoftmaxOptions: options.hpp.
 
 
 // One batch x head: q (Lq x d), k (Lk x d), v (Lk x dv) -> Lq x dv.

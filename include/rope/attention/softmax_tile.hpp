@@ -21,7 +21,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <optional>
 #include <vector>
 
 #include <Eigen/Core>
@@ -31,21 +30,12 @@
 #include "../kernels/attention_rows.hpp"
 #include "checks.hpp"
 #include "masks.hpp"
+#include "options.hpp"
 #include "rows.hpp"
 #include "types.hpp"
 
 namespace rope::attention {
 
-// Positions, causality, sequence ids and threads (over key/value heads,
-// then over query blocks) are MaskOptions' (masks.hpp).
-struct SoftmaxOptions : MaskOptions {
-  std::optional<double> scale;  // empty: 1/sqrt(d)
-  // Rows of the score tile on each side: query rows (a group's heads times
-  // tokens) and keys per block. 256 x 256 scores of f32: 256 KiB.
-  std::size_t block = 256;
-  std::size_t window = 0;     // > 0: key j visible to query i only if pk_j > pq_i - window
-  bool keys_rotated = false;  // K already rotated (a KV cache): rotate Q only
-};
 
 namespace detail {
 
@@ -156,34 +146,7 @@ class SoftmaxTile {
       sweep(0, lk, bk, false);
       std::fill(ws_.seen.begin(), ws_.seen.end(), lk > 0 ? 1 : 0);
     } else if (plan_.sorted) {
-      // Keys every token of the tile sees (full) and the ragged ends.
-      ws_.lo.resize(tokens_);
-      ws_.hi.resize(tokens_);
-      std::size_t min_lo = lk, max_lo = 0, min_hi = lk, max_hi = 0;
-      for (std::size_t t = 0; t < tokens_; ++t) {
-        plan_.visibility.range(t0_ + t, lk, ws_.lo[t], ws_.hi[t]);
-        if (ws_.lo[t] >= ws_.hi[t]) continue;
-        ws_.seen[t] = 1;
-        min_lo = std::min(min_lo, ws_.lo[t]);
-        max_lo = std::max(max_lo, ws_.lo[t]);
-        min_hi = std::min(min_hi, ws_.hi[t]);
-        max_hi = std::max(max_hi, ws_.hi[t]);
-      }
-      if (min_lo < max_hi) {
-        const bool uniform = max_lo < min_hi && std::count(ws_.seen.begin(), ws_.seen.end(), 1) ==
-                                                    static_cast<std::ptrdiff_t>(tokens_);
-        if (uniform) {
-          // The full range cut at multiples of kGranule keys: GEMMs of odd
-          // widths are slow, and a few masked keys more cost less.
-          const std::size_t full_lo = std::min(min_hi, (max_lo + kGranule - 1) / kGranule * kGranule);
-          const std::size_t full_hi = std::max(full_lo, min_hi / kGranule * kGranule);
-          sweep(min_lo, full_lo, bk, true);
-          sweep(full_lo, full_hi, bk, false);
-          sweep(full_hi, max_hi, bk, true);
-        } else {
-          sweep(min_lo, max_hi, bk, true);
-        }
-      }
+      sweep_sorted(lk, bk);
     } else {
       for (std::size_t t = 0; t < tokens_; ++t) {
         for (std::size_t j = 0; j < lk && !ws_.seen[t]; ++j) ws_.seen[t] = plan_.visibility.visible(t0_ + t, j);
@@ -205,6 +168,38 @@ class SoftmaxTile {
   static constexpr std::size_t kThinBlock = 64;
 
  private:
+  // Sorted keys: each token sees one range. Keys every token of the tile
+  // sees are swept unmasked, the ragged ends masked.
+  void sweep_sorted(std::size_t lk, std::size_t bk) {
+    ws_.lo.resize(tokens_);
+    ws_.hi.resize(tokens_);
+    std::size_t min_lo = lk, max_lo = 0, min_hi = lk, max_hi = 0;
+    for (std::size_t t = 0; t < tokens_; ++t) {
+      plan_.visibility.range(t0_ + t, lk, ws_.lo[t], ws_.hi[t]);
+      if (ws_.lo[t] >= ws_.hi[t]) continue;
+      ws_.seen[t] = 1;
+      min_lo = std::min(min_lo, ws_.lo[t]);
+      max_lo = std::max(max_lo, ws_.lo[t]);
+      min_hi = std::min(min_hi, ws_.hi[t]);
+      max_hi = std::max(max_hi, ws_.hi[t]);
+    }
+    if (min_lo < max_hi) {
+      const bool uniform = max_lo < min_hi && std::count(ws_.seen.begin(), ws_.seen.end(), 1) ==
+                                                  static_cast<std::ptrdiff_t>(tokens_);
+      if (uniform) {
+        // The full range cut at multiples of kGranule keys: GEMMs of odd
+        // widths are slow, and a few masked keys more cost less.
+        const std::size_t full_lo = std::min(min_hi, (max_lo + kGranule - 1) / kGranule * kGranule);
+        const std::size_t full_hi = std::max(full_lo, min_hi / kGranule * kGranule);
+        sweep(min_lo, full_lo, bk, true);
+        sweep(full_lo, full_hi, bk, false);
+        sweep(full_hi, max_hi, bk, true);
+      } else {
+        sweep(min_lo, max_hi, bk, true);
+      }
+    }
+  }
+
   // The group's queries of head g, rotated at their positions and scaled once.
   void load_queries(std::size_t g, HeadRows<T>& head) {
     const auto d = static_cast<Eigen::Index>(q_.head_dim);

@@ -312,10 +312,8 @@ ROPE_NOINLINE void rotate_short(const typename StepT::Element* x, std::ptrdiff_t
 // How many steps a block holds: as many as the architecture has registers
 // for (AVX2: 8 rotate_half or 4 block_diagonal steps, all of a 128-channel
 // head or half of it). Each block is one pass over the heads, and passes
-// cost more than registers: when the rows stream from memory, a head walked
-// in two passes took 25% longer than in one, and four passes 35%, on AVX2 (a
-// Zen 5, Llama-3-8B prefill in place), while rows in cache gained at most
-// 20% from smaller blocks that spill nothing.
+// cost more than registers when the rows stream from memory (the figures
+// are in docs/bench.md).
 template <class StepT, class Arch>
 constexpr std::size_t block_steps() noexcept {
   return vector_registers<Arch>() / StepT::kRegisters > 0 ? vector_registers<Arch>() / StepT::kRegisters : 1;
