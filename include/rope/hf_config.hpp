@@ -40,7 +40,7 @@
 
 #include "detail/error.hpp"
 #include "frequencies.hpp"
-#include "multi_axis.hpp"
+#include "pair_axes.hpp"
 #include "style.hpp"
 
 namespace rope::hf {
