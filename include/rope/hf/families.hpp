@@ -1,9 +1,10 @@
 // rope/hf/families.hpp — what each model family's reference code does beyond
-// the shared rope utilities: its pairing and its exceptions. Internal to
-// rope::hf; docs/hf_config.md lists the families.
+// the shared rope utilities: its pairing and its exceptions, one row per
+// model_type in one table. Internal to rope::hf; docs/hf_config.md lists the
+// families.
 #pragma once
 
-#include <initializer_list>
+#include <cstddef>
 #include <string>
 
 #include "../style.hpp"
@@ -29,44 +30,85 @@ struct Family {
   bool alibi = false;         // no RoPE at all
 };
 
-inline bool one_of(const std::string& s, std::initializer_list<const char*> names) {
-  for (const char* n : names) {
-    if (s == n) return true;
-  }
-  return false;
-}
+// The exceptions of a family, as bits of a table row (the fields of Family).
+enum Trait : unsigned {
+  kPlain = 0,
+  kDeepseek = 1u << 0,
+  kChatglm = 1u << 1,
+  kGemma3 = 1u << 2,
+  kGemma4 = 1u << 3,  // and unit_scale
+  kGemmaScalar = 1u << 4,
+  kLlama4 = 1u << 5,
+  kCohere2 = 1u << 6,
+  kQwen3Vl = 1u << 7,
+  kErnieVl = 1u << 8,
+  kPhi3 = 1u << 9,
+  kAlibi = 1u << 10,  // no pairing: the family is refused
+};
+
+struct FamilyRow {
+  const char* model_type;
+  Style style;
+  unsigned traits;
+};
+
+constexpr Style kHalf = Style::rotate_half;
+constexpr Style kBlock = Style::block_diagonal;
 
 // The pairing of each family, from its modeling code (docs/hf_config.md).
-inline Family family_of(const std::string& t) {
+inline constexpr FamilyRow kFamilies[] = {
+    // block_diagonal: pair p = channels (2p, 2p + 1).
+    {"gptj", kBlock, kPlain}, {"codegen", kBlock, kPlain}, {"cohere", kBlock, kPlain},
+    {"cohere2", kBlock, kCohere2}, {"glm", kBlock, kPlain}, {"glm4", kBlock, kPlain}, {"glm4v", kBlock, kPlain},
+    {"glm4v_text", kBlock, kPlain}, {"chatglm", kBlock, kChatglm}, {"deepseek_v2", kBlock, kDeepseek},
+    {"deepseek_v3", kBlock, kDeepseek}, {"llama4", kBlock, kLlama4}, {"llama4_text", kBlock, kLlama4},
+    {"ernie4_5", kBlock, kPlain}, {"ernie4_5_moe", kBlock, kPlain}, {"ernie4_5_vl_moe", kBlock, kErnieVl},
+    {"ernie4_5_vl_moe_text", kBlock, kErnieVl}, {"helium", kBlock, kPlain},
+    // rotate_half: pair p = channels (p, p + r/2).
+    {"llama", kHalf, kPlain}, {"mistral", kHalf, kPlain}, {"mixtral", kHalf, kPlain},
+    {"ministral", kHalf, kPlain}, {"ministral3", kHalf, kPlain}, {"mistral3", kHalf, kPlain},
+    {"qwen2", kHalf, kPlain}, {"qwen2_moe", kHalf, kPlain}, {"qwen3", kHalf, kPlain}, {"qwen3_moe", kHalf, kPlain},
+    {"qwen3_next", kHalf, kPlain}, {"qwen2_vl", kHalf, kPlain}, {"qwen2_vl_text", kHalf, kPlain},
+    {"qwen2_5_vl", kHalf, kPlain}, {"qwen2_5_vl_text", kHalf, kPlain}, {"qwen3_vl", kHalf, kQwen3Vl},
+    {"qwen3_vl_text", kHalf, kQwen3Vl}, {"qwen3_vl_moe", kHalf, kQwen3Vl}, {"qwen3_vl_moe_text", kHalf, kQwen3Vl},
+    {"gemma", kHalf, kPlain}, {"gemma2", kHalf, kGemmaScalar}, {"gemma3", kHalf, kGemma3 | kGemmaScalar},
+    {"gemma3_text", kHalf, kGemma3 | kGemmaScalar}, {"gemma4", kHalf, kGemma4}, {"gemma4_text", kHalf, kGemma4},
+    {"phi", kHalf, kPlain}, {"phi3", kHalf, kPhi3}, {"phimoe", kHalf, kPlain}, {"gpt_neox", kHalf, kPlain},
+    {"gpt_oss", kHalf, kPlain}, {"glm4_moe", kHalf, kPlain}, {"glm4v_moe", kHalf, kPlain},
+    {"glm4v_moe_text", kHalf, kPlain}, {"stablelm", kHalf, kPlain}, {"starcoder2", kHalf, kPlain},
+    {"falcon", kHalf, kPlain}, {"olmo", kHalf, kPlain}, {"olmo2", kHalf, kPlain}, {"granite", kHalf, kPlain},
+    {"granitemoe", kHalf, kPlain}, {"smollm3", kHalf, kPlain}, {"persimmon", kHalf, kPlain},
+    // ALiBi instead of RoPE: refused.
+    {"bloom", kHalf, kAlibi}, {"mpt", kHalf, kAlibi},
+};
+
+inline Family family_from_row(const FamilyRow& row) {
   Family f;
-  if (one_of(t, {"gptj", "codegen", "cohere", "cohere2", "glm", "glm4", "glm4v", "glm4v_text", "chatglm",
-                 "deepseek_v2", "deepseek_v3", "llama4", "llama4_text", "ernie4_5", "ernie4_5_moe",
-                 "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "helium"})) {
-    f.style = Style::block_diagonal;
-    f.known = true;
-  } else if (one_of(t, {"llama", "mistral", "mixtral", "ministral", "ministral3", "mistral3", "qwen2", "qwen2_moe",
-                        "qwen3", "qwen3_moe", "qwen3_next", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl",
-                        "qwen2_5_vl_text", "qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text",
-                        "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "phi", "phi3",
-                        "phimoe", "gpt_neox", "gpt_oss", "glm4_moe", "glm4v_moe", "glm4v_moe_text", "stablelm",
-                        "starcoder2", "falcon", "olmo", "olmo2", "granite", "granitemoe", "smollm3",
-                        "persimmon"})) {
-    f.style = Style::rotate_half;
-    f.known = true;
-  }
-  f.deepseek = one_of(t, {"deepseek_v2", "deepseek_v3"});
-  f.chatglm = t == "chatglm";
-  f.gemma3 = one_of(t, {"gemma3", "gemma3_text"});
-  f.gemma4 = one_of(t, {"gemma4", "gemma4_text"});
-  f.gemma_scalar = one_of(t, {"gemma2", "gemma3", "gemma3_text"});
-  f.unit_scale = f.gemma4;
-  f.llama4 = one_of(t, {"llama4", "llama4_text"});
-  f.cohere2 = t == "cohere2";
-  f.qwen3_vl = one_of(t, {"qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text"});
-  f.ernie_vl = one_of(t, {"ernie4_5_vl_moe", "ernie4_5_vl_moe_text"});
-  f.phi3 = t == "phi3";
-  f.alibi = one_of(t, {"bloom", "mpt"});
+  const auto has = [&row](unsigned trait) { return (row.traits & trait) != 0; };
+  f.style = row.style;
+  f.known = !has(kAlibi);
+  f.deepseek = has(kDeepseek);
+  f.chatglm = has(kChatglm);
+  f.gemma3 = has(kGemma3);
+  f.gemma4 = has(kGemma4);
+  f.gemma_scalar = has(kGemmaScalar);
+  f.unit_scale = has(kGemma4);
+  f.llama4 = has(kLlama4);
+  f.cohere2 = has(kCohere2);
+  f.qwen3_vl = has(kQwen3Vl);
+  f.ernie_vl = has(kErnieVl);
+  f.phi3 = has(kPhi3);
+  f.alibi = has(kAlibi);
   return f;
+}
+
+// The family of a model_type; a type not in the table is a plain family of
+// unknown pairing (rotate_half, known = false).
+inline Family family_of(const std::string& model_type) {
+  for (const FamilyRow& row : kFamilies) {
+    if (model_type == row.model_type) return family_from_row(row);
+  }
+  return Family{};
 }
 
 // Gemma3TextConfig's defaults, which the reference fills in for keys a
