@@ -179,15 +179,15 @@ inline ModelRope read(const char* fn, const Json& root, const ParseOptions& opti
              it == block->end() ? std::string("nothing") : it->dump());
       }
       kind_names.push_back(t);
-      m.kinds.push_back(make_kind(c, entry_reader(&*it, block_path + "." + t), t, head_dim_for(t)));
+      m.kinds.push_back(read_kind(c, entry_reader(&*it, block_path + "." + t), t, head_dim_for(t)));
     }
     assign_by_type();
   } else if (family.gemma3 || cfg.has("rope_local_base_freq")) {
     // Gemma 3: global layers use rope_theta and the rope entry, sliding ones
     // the plain schedule at rope_local_base_freq.
     kind_names.push_back("full_attention");
-    m.kinds.push_back(make_kind(c, single, "full_attention", c.head_dim));
-    LayerRope local = make_kind(c, entry_reader(nullptr, ""), "sliding_attention", c.head_dim);
+    m.kinds.push_back(read_kind(c, single, "full_attention", c.head_dim));
+    LayerRope local = read_kind(c, entry_reader(nullptr, ""), "sliding_attention", c.head_dim);
     local.base = cfg.required_positive("rope_local_base_freq", "sliding layers use it");
     kind_names.push_back("sliding_attention");
     m.kinds.push_back(local);
@@ -195,7 +195,7 @@ inline ModelRope read(const char* fn, const Json& root, const ParseOptions& opti
   } else if (family.cohere2) {
     // Command R7B / A: only sliding-window layers rotate.
     kind_names.push_back("sliding_attention");
-    m.kinds.push_back(make_kind(c, single, "sliding_attention", c.head_dim));
+    m.kinds.push_back(read_kind(c, single, "sliding_attention", c.head_dim));
     LayerRope nope;
     nope.layer_type = "full_attention";
     nope.rotates = false;
@@ -217,14 +217,14 @@ inline ModelRope read(const char* fn, const Json& root, const ParseOptions& opti
       fail(fn, cfg.path("no_rope_layers"), "num_hidden_layers = " + to_text(m.num_layers) + " entries long",
            Json(flags).dump());
     }
-    m.kinds.push_back(make_kind(c, single, "", c.head_dim));
+    m.kinds.push_back(read_kind(c, single, "", c.head_dim));
     LayerRope nope;
     nope.rotates = false;
     nope.head_dim = c.head_dim;
     m.kinds.push_back(nope);
     for (const auto f : flags) m.layer_kind.push_back(f != 0 ? 0 : 1);
   } else {
-    m.kinds.push_back(make_kind(c, single, "", c.head_dim));
+    m.kinds.push_back(read_kind(c, single, "", c.head_dim));
   }
 
   // kinds[0] is the main kind: full attention if it rotates, else the first
@@ -266,7 +266,7 @@ inline ModelRope read(const char* fn, const Json& root, const ParseOptions& opti
       } else {
         factor = main_entry.required_positive("factor", "DeepSeek's softmax scale reads it");
       }
-      const double g = mscale_g(factor, all_dim);
+      const double g = static_cast<double>(rope::detail::yarn_g(factor, all_dim));
       m.score_scale = g * g;
     }
   }

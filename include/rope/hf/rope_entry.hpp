@@ -1,13 +1,13 @@
 // rope/hf/rope_entry.hpp — one kind of layer from its rope entry (the
 // reference's standardize_rope_params and rope init functions): rope type,
-// base, rotary channels and the scaling variant. Internal to rope::hf.
+// base, rotary channels and the scaling variant, read by one function per
+// rope type through the table kRopeTypes. Internal to rope::hf.
 #pragma once
 
 #include <cmath>
 #include <cstddef>
 #include <optional>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -17,9 +17,6 @@
 #include "reader.hpp"
 
 namespace rope::hf::detail {
-
-// g(s, m) = 1 if s <= 1 else 0.1 m ln(s) + 1 (the reference's get_mscale).
-inline double mscale_g(double s, double m) { return s <= 1.0 ? 1.0 : 0.1 * m * std::log(s) + 1.0; }
 
 // What every rope entry of a model shares.
 struct Context {
@@ -37,154 +34,229 @@ struct Context {
 // The pretraining length of yarn, longrope and llama3 entries: a top-level
 // original_max_position_embeddings wins (single-entry configs), then the
 // entry's, then max_position_embeddings.
-inline std::size_t original_length(const Context& c, const Reader& e) {
+inline std::size_t original_length(const Context& c, const Reader& entry) {
   if (!c.per_layer && c.top_original) return *c.top_original;
-  if (const auto v = e.positive_count("original_max_position_embeddings")) return *v;
+  if (const auto v = entry.positive_count("original_max_position_embeddings")) return *v;
   if (c.max_positions) return *c.max_positions;
-  e.missing("original_max_position_embeddings", "or max_position_embeddings, the pretraining length");
+  entry.missing("original_max_position_embeddings", "or max_position_embeddings, the pretraining length");
 }
 
-// One kind of layer from its rope entry (null for a config without one).
-inline LayerRope make_kind(const Context& c, const Reader& e, std::string layer_type, std::size_t head_dim) {
+// The rope type as the reference normalises it, and the key it came from.
+struct RopeType {
+  std::string name;
+  std::string key;  // "rope_type", or "type" (the legacy spelling) when only that is given
+};
+
+inline RopeType rope_type_of(const Context& c, const Reader& entry) {
+  const bool by_type_key = !entry.has("rope_type") && entry.has("type");
+  RopeType type{entry.string("rope_type").value_or(entry.string("type").value_or("default")),
+                by_type_key ? "type" : "rope_type"};
+  if (type.name == "mrope") type.name = "default";  // Qwen2-VL's legacy spelling: plain schedule, M-RoPE sections
+  if (type.name == "su" || (c.family.phi3 && by_type_key && type.name == "yarn")) type.name = "longrope";
+  return type;
+}
+
+// Partial rotary: the factor (the top-level key first) and its key path.
+struct Partial {
+  std::optional<double> factor;
+  std::string key;
+};
+
+inline Partial partial_rotary(const Context& c, const Reader& entry) {
   const Reader& cfg = *c.cfg;
-  LayerRope k;
-  k.layer_type = std::move(layer_type);
-  k.head_dim = head_dim;
-
-  const bool by_type_key = !e.has("rope_type") && e.has("type");
-  std::string type = e.string("rope_type").value_or(e.string("type").value_or("default"));
-  const std::string type_key = by_type_key ? "type" : "rope_type";
-  if (type == "mrope") type = "default";  // Qwen2-VL's legacy spelling: plain schedule, M-RoPE sections
-  if (type == "su" || (c.family.phi3 && by_type_key && type == "yarn")) type = "longrope";
-  k.rope_type = type;
-
-  k.base = e.positive("rope_theta").value_or(c.top_theta.value_or(10000.0));
-  if (c.family.chatglm) k.base = 10000.0 * cfg.positive("rope_ratio").value_or(1.0);
-
-  // Partial rotary: int(head_dim * factor), the top-level key first.
-  std::optional<double> partial = c.top_partial;
-  std::string partial_key = cfg.has("partial_rotary_factor") ? cfg.path("partial_rotary_factor")
-                                                             : cfg.path("rotary_pct");
-  if (!partial) {
-    partial = e.number("partial_rotary_factor");
-    partial_key = e.path("partial_rotary_factor");
+  Partial partial{c.top_partial, cfg.has("partial_rotary_factor") ? cfg.path("partial_rotary_factor")
+                                                                  : cfg.path("rotary_pct")};
+  if (!partial.factor) {
+    partial.factor = entry.number("partial_rotary_factor");
+    partial.key = entry.path("partial_rotary_factor");
   }
-  if (partial && !(*partial >= 0.0 && *partial <= 1.0)) {
-    fail(cfg.fn(), partial_key, "in [0, 1]", to_text(*partial));
+  if (partial.factor && !(*partial.factor >= 0.0 && *partial.factor <= 1.0)) {
+    fail(cfg.fn(), partial.key, "in [0, 1]", to_text(*partial.factor));
   }
+  return partial;
+}
+
+// The channels rotated: int(head_dim * factor) for partial rotary; even and
+// positive.
+inline std::size_t rotary_dim_of(const Context& c, const std::string& type, const Partial& partial,
+                                 std::size_t head_dim) {
+  const Reader& cfg = *c.cfg;
+  std::size_t rotary_dim = head_dim;
   if (type == "proportional") {
-    k.rotary_dim = head_dim;  // the whole head; pairs past the proportion do not turn
+    rotary_dim = head_dim;  // the whole head; pairs past the proportion do not turn
   } else if (c.family.chatglm) {
-    k.rotary_dim = head_dim / 2;
-  } else if (partial) {
-    k.rotary_dim = static_cast<std::size_t>(std::trunc(static_cast<double>(head_dim) * *partial));
+    rotary_dim = head_dim / 2;
+  } else if (partial.factor) {
+    rotary_dim = static_cast<std::size_t>(std::trunc(static_cast<double>(head_dim) * *partial.factor));
   } else if (c.gptj_rotary_dim) {
-    k.rotary_dim = *c.gptj_rotary_dim;
-    if (k.rotary_dim > head_dim) {
-      fail(cfg.fn(), cfg.path("rotary_dim"), "<= head_dim = " + to_text(head_dim), k.rotary_dim);
+    rotary_dim = *c.gptj_rotary_dim;
+    if (rotary_dim > head_dim) {
+      fail(cfg.fn(), cfg.path("rotary_dim"), "<= head_dim = " + to_text(head_dim), rotary_dim);
     }
-  } else {
-    k.rotary_dim = head_dim;
   }
-  if (k.rotary_dim == 0 || k.rotary_dim % 2 != 0) {
-    fail(cfg.fn(), partial ? partial_key : cfg.path("head_dim"),
+  if (rotary_dim == 0 || rotary_dim % 2 != 0) {
+    fail(cfg.fn(), partial.factor ? partial.key : cfg.path("head_dim"),
          "a value giving an even, positive rotary_dim (head_dim " + to_text(head_dim) + " gives " +
-             to_text(k.rotary_dim) + ")",
-         partial ? to_text(*partial) : to_text(head_dim));
+             to_text(rotary_dim) + ")",
+         partial.factor ? to_text(*partial.factor) : to_text(head_dim));
   }
+  return rotary_dim;
+}
 
-  const auto factor = [&](const char* why) { return e.required_positive("factor", why); };
-  if (type == "default") {
-    k.scaling = scaling::None{};
-  } else if (type == "linear") {
-    k.scaling = scaling::Linear{factor("linear scaling divides by it")};
-  } else if (type == "ntk") {
-    k.scaling = scaling::Ntk{factor("ntk scaling stretches the base by it")};
-  } else if (type == "dynamic") {
-    // The reference scales from max_position_embeddings, not from an
-    // original length in the entry.
-    if (!c.max_positions) cfg.missing("max_position_embeddings", "dynamic scaling starts there");
-    k.scaling = scaling::DynamicNtk{factor("dynamic scaling needs it"), *c.max_positions};
-  } else if (type == "yarn") {
-    scaling::Yarn y;
-    if (!e.present("factor")) e.missing("factor", "yarn needs it; null means max/original length");
-    y.original_max_positions = original_length(c, e);
-    if (const auto f = e.positive("factor")) {
-      y.factor = *f;
-    } else {
-      if (!c.max_positions) cfg.missing("max_position_embeddings", "yarn's factor is null");
-      y.factor = static_cast<double>(*c.max_positions) / static_cast<double>(y.original_max_positions);
-    }
-    // `beta_fast or 32`: 0 and null take the default; negatives are refused.
-    for (auto [key, field, fallback] : {std::tuple<const char*, double*, double>{"beta_fast", &y.beta_fast, 32.0},
-                                        std::tuple<const char*, double*, double>{"beta_slow", &y.beta_slow, 1.0}}) {
-      const auto v = e.number(key);
-      if (v && *v < 0.0) e.bad(key, ">= 0", *e.find(key));
-      *field = v && *v != 0.0 ? *v : fallback;
-    }
-    // Absent mscale keys are 0: the ratio needs both truthy.
-    y.mscale = e.number("mscale").value_or(0.0);
-    y.mscale_all_dim = e.number("mscale_all_dim").value_or(0.0);
-    y.attention_factor = e.positive("attention_factor");
-    y.truncate = e.flag("truncate", true);
-    if (!y.attention_factor && y.mscale != 0.0 && y.mscale_all_dim != 0.0 &&
-        !(mscale_g(y.factor, y.mscale) / mscale_g(y.factor, y.mscale_all_dim) > 0.0)) {
-      e.bad("mscale", "a value that keeps g(factor, mscale) / g(factor, mscale_all_dim) > 0", *e.find("mscale"));
-    }
-    k.scaling = y;
-  } else if (type == "longrope") {
-    // Phi-3.5-MoE's modeling code replaces the attention factor by
-    // short_mscale / long_mscale, switching with the sequence length; rope
-    // refuses those keys rather than give a wrong attention factor.
-    for (const char* key : {"short_mscale", "long_mscale"}) {
-      if (e.has(key)) e.bad(key, "absent (a length-dependent mscale rope does not model)", *e.find(key));
-    }
-    scaling::LongRope l;
-    l.short_factor = e.positive_list("short_factor");
-    l.long_factor = e.positive_list("long_factor");
-    for (const char* key : {"short_factor", "long_factor"}) {
-      const std::size_t n = e.find(key)->size();
-      if (n != k.rotary_dim / 2) {
-        fail(e.fn(), e.path(key), "rotary_dim/2 = " + to_text(k.rotary_dim / 2) + " numbers long",
-             to_text(n) + " numbers");
-      }
-    }
-    l.original_max_positions = original_length(c, e);
-    if (l.original_max_positions < 2) {
-      e.bad("original_max_position_embeddings", ">= 2 (longrope divides by its log)",
-            Json(l.original_max_positions));
-    }
-    l.factor = e.positive("factor");
-    if (!l.factor) {
-      if (!c.max_positions) cfg.missing("max_position_embeddings", "longrope's factor is max/original length");
-      l.max_positions = *c.max_positions;
-    }
-    l.attention_factor = e.positive("attention_factor");
-    k.scaling = l;
-  } else if (type == "llama3") {
-    scaling::Llama3 l;
-    l.factor = factor("llama3 needs it");
-    l.low_freq_factor = e.required_positive("low_freq_factor", "llama3 needs it");
-    l.high_freq_factor = e.required_positive("high_freq_factor", "llama3 needs it");
-    l.original_max_positions = original_length(c, e);
-    k.scaling = l;
-  } else if (type == "proportional") {
-    k.scaling = scaling::Proportional{partial.value_or(1.0), e.positive("factor").value_or(1.0)};
+// What the reader of one rope type sees.
+struct EntryArgs {
+  const Context& context;
+  const Reader& entry;
+  std::size_t rotary_dim;
+  std::optional<double> partial;  // the partial rotary factor, when given
+};
+
+inline Scaling default_scaling(const EntryArgs&) { return scaling::None{}; }
+
+inline Scaling linear_scaling(const EntryArgs& a) {
+  return scaling::Linear{a.entry.required_positive("factor", "linear scaling divides by it")};
+}
+
+inline Scaling ntk_scaling(const EntryArgs& a) {
+  return scaling::Ntk{a.entry.required_positive("factor", "ntk scaling stretches the base by it")};
+}
+
+// The reference scales from max_position_embeddings, not from an original
+// length in the entry.
+inline Scaling dynamic_scaling(const EntryArgs& a) {
+  if (!a.context.max_positions) a.context.cfg->missing("max_position_embeddings", "dynamic scaling starts there");
+  const double factor = a.entry.required_positive("factor", "dynamic scaling needs it");
+  return scaling::DynamicNtk{factor, *a.context.max_positions};
+}
+
+// `beta_fast or 32`: 0 and null take the default; negatives are refused.
+inline double yarn_beta(const Reader& entry, const char* key, double fallback) {
+  const auto v = entry.number(key);
+  if (v && *v < 0.0) entry.bad(key, ">= 0", *entry.find(key));
+  return v && *v != 0.0 ? *v : fallback;
+}
+
+inline Scaling yarn_scaling(const EntryArgs& a) {
+  const Reader& entry = a.entry;
+  scaling::Yarn y;
+  if (!entry.present("factor")) entry.missing("factor", "yarn needs it; null means max/original length");
+  y.original_max_positions = original_length(a.context, entry);
+  if (const auto f = entry.positive("factor")) {
+    y.factor = *f;
   } else {
-    e.bad(type_key,
-          "one of default, linear, dynamic, yarn, longrope, llama3, proportional, ntk (or the legacy su, mrope)",
-          Json(type));
+    if (!a.context.max_positions) a.context.cfg->missing("max_position_embeddings", "yarn's factor is null");
+    y.factor = static_cast<double>(*a.context.max_positions) / static_cast<double>(y.original_max_positions);
   }
+  y.beta_fast = yarn_beta(entry, "beta_fast", 32.0);
+  y.beta_slow = yarn_beta(entry, "beta_slow", 1.0);
+  // Absent mscale keys are 0: the ratio needs both truthy.
+  y.mscale = entry.number("mscale").value_or(0.0);
+  y.mscale_all_dim = entry.number("mscale_all_dim").value_or(0.0);
+  y.attention_factor = entry.positive("attention_factor");
+  y.truncate = entry.flag("truncate", true);
+  if (!y.attention_factor && y.mscale != 0.0 && y.mscale_all_dim != 0.0 &&
+      !(rope::detail::yarn_g(y.factor, y.mscale) / rope::detail::yarn_g(y.factor, y.mscale_all_dim) > 0.0L)) {
+    entry.bad("mscale", "a value that keeps g(factor, mscale) / g(factor, mscale_all_dim) > 0", *entry.find("mscale"));
+  }
+  return y;
+}
 
+// short_factor and long_factor: rotary_dim/2 numbers > 0 each.
+inline void read_longrope_factors(const Reader& entry, std::size_t rotary_dim, scaling::LongRope& l) {
+  l.short_factor = entry.positive_list("short_factor");
+  l.long_factor = entry.positive_list("long_factor");
+  for (const char* key : {"short_factor", "long_factor"}) {
+    const std::size_t n = entry.find(key)->size();
+    if (n != rotary_dim / 2) {
+      fail(entry.fn(), entry.path(key), "rotary_dim/2 = " + to_text(rotary_dim / 2) + " numbers long",
+           to_text(n) + " numbers");
+    }
+  }
+}
+
+inline Scaling longrope_scaling(const EntryArgs& a) {
+  const Reader& entry = a.entry;
+  // Phi-3.5-MoE's modeling code replaces the attention factor by
+  // short_mscale / long_mscale, switching with the sequence length; rope
+  // refuses those keys rather than give a wrong attention factor.
+  for (const char* key : {"short_mscale", "long_mscale"}) {
+    if (entry.has(key)) entry.bad(key, "absent (a length-dependent mscale rope does not model)", *entry.find(key));
+  }
+  scaling::LongRope l;
+  read_longrope_factors(entry, a.rotary_dim, l);
+  l.original_max_positions = original_length(a.context, entry);
+  if (l.original_max_positions < 2) {
+    entry.bad("original_max_position_embeddings", ">= 2 (longrope divides by its log)",
+              Json(l.original_max_positions));
+  }
+  l.factor = entry.positive("factor");
+  if (!l.factor) {
+    if (!a.context.max_positions) {
+      a.context.cfg->missing("max_position_embeddings", "longrope's factor is max/original length");
+    }
+    l.max_positions = *a.context.max_positions;
+  }
+  l.attention_factor = entry.positive("attention_factor");
+  return l;
+}
+
+inline Scaling llama3_scaling(const EntryArgs& a) {
+  scaling::Llama3 l;
+  l.factor = a.entry.required_positive("factor", "llama3 needs it");
+  l.low_freq_factor = a.entry.required_positive("low_freq_factor", "llama3 needs it");
+  l.high_freq_factor = a.entry.required_positive("high_freq_factor", "llama3 needs it");
+  l.original_max_positions = original_length(a.context, a.entry);
+  return l;
+}
+
+inline Scaling proportional_scaling(const EntryArgs& a) {
+  return scaling::Proportional{a.partial.value_or(1.0), a.entry.positive("factor").value_or(1.0)};
+}
+
+// Each rope type and its reader, in the order the error for an unknown type
+// lists them.
+struct RopeTypeRow {
+  const char* name;
+  Scaling (*read)(const EntryArgs&);
+};
+
+inline constexpr RopeTypeRow kRopeTypes[] = {
+    {"default", default_scaling}, {"linear", linear_scaling},     {"dynamic", dynamic_scaling},
+    {"yarn", yarn_scaling},       {"longrope", longrope_scaling}, {"llama3", llama3_scaling},
+    {"proportional", proportional_scaling}, {"ntk", ntk_scaling},
+};
+
+inline Scaling scaling_of(const RopeType& type, const EntryArgs& a) {
+  std::string names;
+  for (const RopeTypeRow& row : kRopeTypes) {
+    if (type.name == row.name) return row.read(a);
+    names += (names.empty() ? "" : ", ") + std::string(row.name);
+  }
+  a.entry.bad(type.key, "one of " + names + " (or the legacy su, mrope)", Json(type.name));
+}
+
+// One kind of layer from its rope entry (an entry reading null for a config
+// without one).
+inline LayerRope read_kind(const Context& c, const Reader& entry, std::string layer_type, std::size_t head_dim) {
+  LayerRope kind;
+  kind.layer_type = std::move(layer_type);
+  kind.head_dim = head_dim;
+  const RopeType type = rope_type_of(c, entry);
+  kind.rope_type = type.name;
+  kind.base = entry.positive("rope_theta").value_or(c.top_theta.value_or(10000.0));
+  if (c.family.chatglm) kind.base = 10000.0 * c.cfg->positive("rope_ratio").value_or(1.0);
+  const Partial partial = partial_rotary(c, entry);
+  kind.rotary_dim = rotary_dim_of(c, type.name, partial, head_dim);
+  kind.scaling = scaling_of(type, EntryArgs{c, entry, kind.rotary_dim, partial.factor});
   // Every field was checked above; frequencies() checks their combination
   // (a factor that overflows theta).
   try {
-    (void)k.frequencies(0);
+    (void)kind.frequencies(0);
   } catch (const rope::invalid_argument& err) {
-    fail(cfg.fn(), e.path(type_key), std::string("a setting rope::frequencies accepts (") + err.what() + ")",
-         Json(type).dump());
+    fail(c.cfg->fn(), entry.path(type.key), std::string("a setting rope::frequencies accepts (") + err.what() + ")",
+         Json(type.name).dump());
   }
-  return k;
+  return kind;
 }
 
 }  // namespace rope::hf::detail
