@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <random>
 #include <set>
@@ -347,6 +348,44 @@ TEST(HfConfig, LayersPathsAndPairingOverride) {
   options.style = rope::Style::block_diagonal;
   EXPECT_EQ(rope::hf::parse(unknown, options).style, rope::Style::block_diagonal);
   EXPECT_EQ(rope::hf::parse(unknown).rotary_dim, 64u);
+}
+
+// The errors carry the public function called and the key path as
+// rope::invalid_argument's function() and argument().
+TEST(HfConfig, ErrorsNameTheFunctionAndTheKey) {
+  struct Case {
+    std::function<void()> call;
+    std::string function, argument;
+  };
+  const Json llama = {{"model_type", "llama"}, {"hidden_size", 4096}, {"num_attention_heads", 32}};
+  Json fancy = llama;
+  fancy["rope_scaling"] = {{"rope_type", "fancy"}, {"factor", 2}};
+  const Json nested = {{"model_type", "llava"},
+                       {"text_config", {{"model_type", "llama"}, {"hidden_size", 4096}, {"num_attention_heads", 32},
+                                        {"rope_scaling", {{"rope_type", "linear"}, {"factor", -1}}}}}};
+  Json sections = llama;
+  sections["model_type"] = "qwen3_vl";
+  sections["rope_scaling"] = {{"mrope_section", {2, 31, 31}}};
+  const auto llama4 = rope::hf::load(config_path("constructed_llama4_nope_temperature.json"));
+  const std::vector<Case> cases = {
+      {[&] { (void)rope::hf::parse(nested.dump()); }, "rope::hf::parse", "text_config.rope_scaling.factor"},
+      {[&] { (void)rope::hf::from_json(fancy); }, "rope::hf::from_json", "rope_scaling.rope_type"},
+      {[&] { (void)rope::hf::from_json(sections); }, "rope::hf::from_json", "rope_scaling.mrope_section"},
+      {[&] { (void)rope::hf::parse("{\"model_type\": "); }, "rope::hf::parse", "the config text"},
+      {[&] { (void)rope::hf::load(kData + "/no_such_config.json"); }, "rope::hf::load", "path"},
+      {[&] { (void)llama4.frequencies(3); }, "rope::hf::ModelRope::frequencies", "layer"},
+      {[&] { (void)llama4.layer(8); }, "rope::hf::ModelRope", "layer"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.function + " " + c.argument);
+    try {
+      c.call();
+      ADD_FAILURE() << "accepted";
+    } catch (const rope::invalid_argument& err) {
+      EXPECT_EQ(err.function(), c.function) << err.what();
+      EXPECT_EQ(err.argument(), c.argument) << err.what();
+    }
+  }
 }
 
 }  // namespace

@@ -247,7 +247,9 @@ inline Frequencies scale(const scaling::DynamicNtk& s, const Schedule& c) {
   return ntk_base("scaling::DynamicNtk", c.rotary_dim, c.base, stretch);
 }
 
-// g(s, m) = 1 if s <= 1 else 0.1 m ln(s) + 1: YaRN's attention temperature.
+// g(s, m) = 1 if s <= 1 else 0.1 m ln(s) + 1: YaRN's attention temperature
+// (the reference's get_mscale); rope::hf reads DeepSeek's softmax scale
+// g(factor, mscale_all_dim)^2 from it too, so the formula is written once.
 inline long double yarn_g(long double s, long double m) { return s <= 1.0L ? 1.0L : 0.1L * m * std::log(s) + 1.0L; }
 
 inline Frequencies scale(const scaling::Yarn& s, const Schedule& c) {

@@ -1,0 +1,126 @@
+// rope/hf/families.hpp — what each model family's reference code does beyond
+// the shared rope utilities: its pairing and its exceptions, one row per
+// model_type in one table. Internal to rope::hf; docs/hf_config.md lists the
+// families.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "../style.hpp"
+#include "reader.hpp"
+
+namespace rope::hf::detail {
+
+// What a model family's reference code does beyond the shared rope utilities.
+struct Family {
+  Style style = Style::rotate_half;
+  bool known = false;
+  bool deepseek = false;      // rope part = qk_rope_head_dim channels after qk_nope_head_dim; softmax mscale^2
+  bool chatglm = false;       // rotates kv_channels / 2 channels, base 10000 * rope_ratio
+  bool gemma3 = false;        // Gemma3TextConfig's defaults; sliding layers use rope_local_base_freq
+  bool gemma4 = false;        // full_attention layers have global_head_dim channels
+  bool gemma_scalar = false;  // softmax divides by query_pre_attn_scalar
+  bool unit_scale = false;    // softmax scale 1 (q, k RMS-normalised)
+  bool llama4 = false;        // NoPE layers every no_rope_layer_interval-th; temperature on them
+  bool cohere2 = false;       // only sliding-window layers rotate
+  bool qwen3_vl = false;      // M-RoPE interleaved whatever mrope_interleaved says
+  bool ernie_vl = false;      // M-RoPE: h/w alternating, then t
+  bool phi3 = false;          // legacy "type": "su" / "yarn" means longrope
+  bool alibi = false;         // no RoPE at all
+};
+
+// The exceptions of a family, as bits of a table row (the fields of Family).
+enum Trait : unsigned {
+  kPlain = 0,
+  kDeepseek = 1u << 0,
+  kChatglm = 1u << 1,
+  kGemma3 = 1u << 2,
+  kGemma4 = 1u << 3,  // and unit_scale
+  kGemmaScalar = 1u << 4,
+  kLlama4 = 1u << 5,
+  kCohere2 = 1u << 6,
+  kQwen3Vl = 1u << 7,
+  kErnieVl = 1u << 8,
+  kPhi3 = 1u << 9,
+  kAlibi = 1u << 10,  // no pairing: the family is refused
+};
+
+struct FamilyRow {
+  const char* model_type;
+  Style style;
+  unsigned traits;
+};
+
+constexpr Style kHalf = Style::rotate_half;
+constexpr Style kBlock = Style::block_diagonal;
+
+// The pairing of each family, from its modeling code (docs/hf_config.md).
+inline constexpr FamilyRow kFamilies[] = {
+    // block_diagonal: pair p = channels (2p, 2p + 1).
+    {"gptj", kBlock, kPlain}, {"codegen", kBlock, kPlain}, {"cohere", kBlock, kPlain},
+    {"cohere2", kBlock, kCohere2}, {"glm", kBlock, kPlain}, {"glm4", kBlock, kPlain}, {"glm4v", kBlock, kPlain},
+    {"glm4v_text", kBlock, kPlain}, {"chatglm", kBlock, kChatglm}, {"deepseek_v2", kBlock, kDeepseek},
+    {"deepseek_v3", kBlock, kDeepseek}, {"llama4", kBlock, kLlama4}, {"llama4_text", kBlock, kLlama4},
+    {"ernie4_5", kBlock, kPlain}, {"ernie4_5_moe", kBlock, kPlain}, {"ernie4_5_vl_moe", kBlock, kErnieVl},
+    {"ernie4_5_vl_moe_text", kBlock, kErnieVl}, {"helium", kBlock, kPlain},
+    // rotate_half: pair p = channels (p, p + r/2).
+    {"llama", kHalf, kPlain}, {"mistral", kHalf, kPlain}, {"mixtral", kHalf, kPlain},
+    {"ministral", kHalf, kPlain}, {"ministral3", kHalf, kPlain}, {"mistral3", kHalf, kPlain},
+    {"qwen2", kHalf, kPlain}, {"qwen2_moe", kHalf, kPlain}, {"qwen3", kHalf, kPlain}, {"qwen3_moe", kHalf, kPlain},
+    {"qwen3_next", kHalf, kPlain}, {"qwen2_vl", kHalf, kPlain}, {"qwen2_vl_text", kHalf, kPlain},
+    {"qwen2_5_vl", kHalf, kPlain}, {"qwen2_5_vl_text", kHalf, kPlain}, {"qwen3_vl", kHalf, kQwen3Vl},
+    {"qwen3_vl_text", kHalf, kQwen3Vl}, {"qwen3_vl_moe", kHalf, kQwen3Vl}, {"qwen3_vl_moe_text", kHalf, kQwen3Vl},
+    {"gemma", kHalf, kPlain}, {"gemma2", kHalf, kGemmaScalar}, {"gemma3", kHalf, kGemma3 | kGemmaScalar},
+    {"gemma3_text", kHalf, kGemma3 | kGemmaScalar}, {"gemma4", kHalf, kGemma4}, {"gemma4_text", kHalf, kGemma4},
+    {"phi", kHalf, kPlain}, {"phi3", kHalf, kPhi3}, {"phimoe", kHalf, kPlain}, {"gpt_neox", kHalf, kPlain},
+    {"gpt_oss", kHalf, kPlain}, {"glm4_moe", kHalf, kPlain}, {"glm4v_moe", kHalf, kPlain},
+    {"glm4v_moe_text", kHalf, kPlain}, {"stablelm", kHalf, kPlain}, {"starcoder2", kHalf, kPlain},
+    {"falcon", kHalf, kPlain}, {"olmo", kHalf, kPlain}, {"olmo2", kHalf, kPlain}, {"granite", kHalf, kPlain},
+    {"granitemoe", kHalf, kPlain}, {"smollm3", kHalf, kPlain}, {"persimmon", kHalf, kPlain},
+    // ALiBi instead of RoPE: refused.
+    {"bloom", kHalf, kAlibi}, {"mpt", kHalf, kAlibi},
+};
+
+inline Family family_from_row(const FamilyRow& row) {
+  Family f;
+  const auto has = [&row](unsigned trait) { return (row.traits & trait) != 0; };
+  f.style = row.style;
+  f.known = !has(kAlibi);
+  f.deepseek = has(kDeepseek);
+  f.chatglm = has(kChatglm);
+  f.gemma3 = has(kGemma3);
+  f.gemma4 = has(kGemma4);
+  f.gemma_scalar = has(kGemmaScalar);
+  f.unit_scale = has(kGemma4);
+  f.llama4 = has(kLlama4);
+  f.cohere2 = has(kCohere2);
+  f.qwen3_vl = has(kQwen3Vl);
+  f.ernie_vl = has(kErnieVl);
+  f.phi3 = has(kPhi3);
+  f.alibi = has(kAlibi);
+  return f;
+}
+
+// The family of a model_type; a type not in the table is a plain family of
+// unknown pairing (rotate_half, known = false).
+inline Family family_of(const std::string& model_type) {
+  for (const FamilyRow& row : kFamilies) {
+    if (model_type == row.model_type) return family_from_row(row);
+  }
+  return Family{};
+}
+
+// Gemma3TextConfig's defaults, which the reference fills in for keys a
+// config omits (Gemma 3's multimodal configs give a text_config of a few
+// keys only).
+inline const Json& gemma3_defaults() {
+  static const Json d = {{"rope_theta", 1000000.0},       {"rope_local_base_freq", 10000.0},
+                         {"sliding_window_pattern", 6},   {"head_dim", 256},
+                         {"num_attention_heads", 8},      {"hidden_size", 2304},
+                         {"num_hidden_layers", 26},       {"max_position_embeddings", 131072},
+                         {"query_pre_attn_scalar", 256}};
+  return d;
+}
+
+}  // namespace rope::hf::detail

@@ -1,0 +1,134 @@
+// rope/hf/model.hpp — what rope::hf gives for a checkpoint: the RoPE of each
+// kind of layer (LayerRope), of the model (ModelRope, with its softmax and
+// query scales) and the options of a read (ParseOptions). Data and the
+// checks of their accessors only; no JSON.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../detail/error.hpp"
+#include "../frequencies.hpp"
+#include "../pair_axes.hpp"
+#include "../style.hpp"
+
+namespace rope::hf {
+
+// A position-dependent factor some families multiply the query by (which is
+// the same as multiplying the attention scores of that query):
+//   s(m) = 1 + scale * ln(1 + floor((m + offset) / length)),  m = position id.
+// Mistral's llama_4_scaling_beta: scale = beta, length = the rope entry's
+// original_max_position_embeddings, offset 0, every layer. Llama 4's
+// attention temperature tuning: scale = attn_scale, length = floor_scale,
+// offset 1, NoPE layers only. scale = 0: no temperature (s = 1).
+struct QueryTemperature {
+  double scale = 0.0;
+  double length = 1.0;
+  std::int64_t offset = 0;
+  bool nope_layers_only = false;
+
+  double operator()(std::int64_t position) const {
+    if (scale == 0.0) return 1.0;
+    const double buckets = std::floor(static_cast<double>(position + offset) / length);
+    return 1.0 + scale * std::log(1.0 + buckets);
+  }
+};
+
+// The RoPE of one kind of layer (a model has one kind, or one per layer type).
+struct LayerRope {
+  std::string layer_type;        // its name in layer_types ("full_attention", ...), "" when the config has none
+  bool rotates = true;           // false: a NoPE layer, which applies no rotation at all
+  std::size_t head_dim = 0;      // channels of the head the rotary part lies in
+  std::size_t rotary_dim = 0;    // channels rotated: rotary_dim / 2 pairs
+  double base = 10000.0;         // theta of the schedule base^(-2p/rotary_dim)
+  std::string rope_type = "none";  // "default", "linear", "yarn", ... (legacy names mapped); "none" when !rotates
+  Scaling scaling;
+
+  // inv_freq and attention factor at the current sequence length (number of
+  // positions: largest position + 1; read by dynamic and longrope only).
+  Frequencies frequencies(std::size_t seq_len = 0) const {
+    if (!rotates) detail::fail("rope::hf::LayerRope::frequencies", "layer", "a layer that applies RoPE", layer_type);
+    return rope::frequencies(rotary_dim, base, scaling, seq_len);
+  }
+};
+
+// A model's RoPE as its config.json defines it.
+struct ModelRope {
+  std::string model_type;     // of the text model (text_config.model_type when nested)
+  Style style = Style::rotate_half;
+  bool style_known = false;   // model_type is in rope's pairing table (docs/hf_config.md); else the
+                              // transformers default rotate_half was assumed (or ParseOptions::style given)
+  // The main kind of layer (full attention, or the only kind), copied from
+  // kinds[0] for convenience.
+  std::size_t head_dim = 0;
+  std::size_t rotary_dim = 0;
+  double base = 10000.0;
+  std::string rope_type;
+  Scaling scaling;
+  // First channel of the rotary part in a q/k head: DeepSeek's q_pe and k_pe
+  // follow qk_nope_head_dim channels that are not rotated; 0 elsewhere.
+  std::size_t rotary_offset = 0;
+  std::size_t max_position_embeddings = 0;  // 0 when the config gives none
+  std::size_t num_layers = 0;               // 0 when the config gives none (every layer is then kinds[0])
+  std::vector<LayerRope> kinds;             // kinds[0] rotates whenever any kind does
+  std::vector<std::size_t> layer_kind;      // kind of each layer; empty: every layer is kinds[0]
+  // M-RoPE: the position axis of each pair of kinds[0] (positions rows t, h, w).
+  std::optional<PairAxes> mrope;
+  // Attention scores are q.k * softmax_scale, as the family's attention
+  // computes them: 1/sqrt(qk_head_dim) (DeepSeek: qk_nope + qk_rope head
+  // dims), 1/sqrt(query_pre_attn_scalar) for Gemma 2/3, 1 for Gemma 4 (its
+  // q and k are RMS-normalised), times score_scale: what RoPE scaling adds to
+  // it, DeepSeek's g(factor, mscale_all_dim)^2 with yarn, 1 elsewhere.
+  double softmax_scale = 0.0;
+  double score_scale = 1.0;
+  std::size_t qk_head_dim = 0;
+  std::optional<double> query_pre_attn_scalar;
+  QueryTemperature temperature;
+
+  const LayerRope& layer(std::size_t layer_index) const {
+    check_layer(layer_index);
+    return layer_kind.empty() ? kinds.front() : kinds[layer_kind[layer_index]];
+  }
+  bool rotates(std::size_t layer_index) const { return layer(layer_index).rotates; }
+
+  // theta_p and the attention factor of a layer at the current sequence
+  // length (number of positions; dynamic and longrope depend on it). Throws
+  // for a layer past num_layers and for a NoPE layer.
+  Frequencies frequencies(std::size_t layer_index = 0, std::size_t seq_len = 0) const {
+    const LayerRope& kind = layer(layer_index);
+    if (!kind.rotates) {
+      detail::fail("rope::hf::ModelRope::frequencies", "layer",
+                   "a layer that applies RoPE (layer " + detail::to_text(layer_index) + " is a NoPE layer" +
+                       (kind.layer_type.empty() ? std::string() : " of type " + kind.layer_type) + ")",
+                   layer_index);
+    }
+    return rope::frequencies(kind.rotary_dim, kind.base, kind.scaling, seq_len);
+  }
+
+  // The factor on the query of a token at `position` in a layer (1 unless
+  // the family defines a temperature for that layer).
+  double query_scale(std::size_t layer_index, std::int64_t position) const {
+    if (temperature.nope_layers_only && rotates(layer_index)) return 1.0;
+    check_layer(layer_index);
+    return temperature(position);
+  }
+
+ private:
+  void check_layer(std::size_t layer_index) const {
+    if (num_layers != 0 && layer_index >= num_layers) {
+      detail::fail("rope::hf::ModelRope", "layer", "< num_layers = " + detail::to_text(num_layers), layer_index);
+    }
+  }
+};
+
+struct ParseOptions {
+  // The pairing to use instead of the table's (a model type rope does not
+  // know, a remote-code model whose modeling file differs).
+  std::optional<Style> style;
+};
+
+}  // namespace rope::hf

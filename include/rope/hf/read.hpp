@@ -1,0 +1,192 @@
+// rope/hf/read.hpp — a whole config read into a ModelRope, in the phases of
+// docs/hf_config.md ("How a config is read"): the text model, its family and
+// pairing, the head's channels, the rope entry, the kinds of layer and which
+// layer is which, the main kind, M-RoPE, and the attention-score factors.
+// Internal to rope::hf; hf_config.hpp holds the entry points.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "families.hpp"
+#include "layers.hpp"
+#include "model.hpp"
+#include "mrope.hpp"
+#include "reader.hpp"
+#include "rope_entry.hpp"
+
+namespace rope::hf::detail {
+
+// The keys of the text model: text_config when the config has one
+// (vision-language models), else the top level (older Qwen2-VL style configs).
+struct TextModel {
+  const Json* keys = nullptr;
+  std::string prefix;  // "text_config." or ""
+};
+
+inline TextModel text_model(const char* fn, const Json& root) {
+  if (!root.is_object()) fail(fn, "the config", "a JSON object", root.dump());
+  const Reader top(fn, &root, "");
+  if (top.present("text_config") && !root.at("text_config").is_null()) {
+    if (!root.at("text_config").is_object()) top.bad("text_config", "an object", root.at("text_config"));
+    return TextModel{&root.at("text_config"), "text_config."};
+  }
+  return TextModel{&root, ""};
+}
+
+// The model type and its family; ALiBi models have no RoPE to read.
+inline Family model_family(const char* fn, const Json& root, const TextModel& text, ModelRope& model) {
+  const Reader top(fn, &root, "");
+  const Reader bare(fn, text.keys, text.prefix);
+  model.model_type = bare.string("model_type").value_or(top.string("model_type").value_or(""));
+  const Family family = family_of(model.model_type);
+  if (family.alibi || (model.model_type == "falcon" && bare.flag("alibi", false))) {
+    fail(fn, text.prefix + "model_type", "a model with RoPE (this one uses ALiBi)", Json(model.model_type).dump());
+  }
+  return family;
+}
+
+inline void choose_pairing(const Family& family, const Reader& cfg, const ParseOptions& options, ModelRope& model) {
+  model.style = family.style;
+  model.style_known = family.known;
+  if (family.deepseek && !cfg.flag("rope_interleave", true)) model.style = Style::rotate_half;
+  if (options.style) model.style = *options.style;
+}
+
+// hidden_size // num_attention_heads, the head size when head_dim is absent.
+inline std::size_t derived_head_dim(const Reader& cfg, std::optional<std::size_t> hidden,
+                                    std::optional<std::size_t> heads) {
+  if (!hidden || !heads) cfg.missing("head_dim", "or hidden_size and num_attention_heads");
+  return *hidden / *heads;
+}
+
+// The channels of the head the rotary part lies in, and DeepSeek's offset.
+inline void read_head_dims(Context& c, ModelRope& model) {
+  const Reader& cfg = *c.cfg;
+  const auto hidden = cfg.has("hidden_size") ? cfg.positive_count("hidden_size") : cfg.positive_count("n_embd");
+  const auto heads = cfg.has("num_attention_heads") ? cfg.positive_count("num_attention_heads")
+                                                    : cfg.positive_count("n_head");
+  if (c.family.deepseek) {
+    const auto rope_dim = cfg.positive_count("qk_rope_head_dim");
+    if (!rope_dim) cfg.missing("qk_rope_head_dim", "DeepSeek rotates that many channels");
+    const auto nope_dim = cfg.count("qk_nope_head_dim");
+    if (!nope_dim) cfg.missing("qk_nope_head_dim", "DeepSeek's rotary channels follow them");
+    c.head_dim = *rope_dim;
+    model.rotary_offset = *nope_dim;
+    model.qk_head_dim = *nope_dim + *rope_dim;
+  } else {
+    c.head_dim = cfg.positive_count(c.family.chatglm ? "kv_channels" : "head_dim").value_or(0);
+    if (c.head_dim == 0) c.head_dim = derived_head_dim(cfg, hidden, heads);
+  }
+  if (c.head_dim == 0) fail(cfg.fn(), cfg.path("head_dim"), "> 0 (hidden_size / num_attention_heads)", 0);
+  if (!c.family.deepseek) model.qk_head_dim = c.head_dim;
+}
+
+// The top-level keys every rope entry falls back on.
+inline void read_shared_keys(Context& c, ModelRope& model) {
+  const Reader& cfg = *c.cfg;
+  c.top_theta = cfg.has("rope_theta") ? cfg.positive("rope_theta") : cfg.positive("rotary_emb_base");
+  c.top_partial = cfg.has("partial_rotary_factor") ? cfg.number("partial_rotary_factor") : cfg.number("rotary_pct");
+  c.gptj_rotary_dim = cfg.positive_count("rotary_dim");
+  c.max_positions = cfg.has("max_position_embeddings") ? cfg.positive_count("max_position_embeddings")
+                    : cfg.has("n_positions")           ? cfg.positive_count("n_positions")
+                                                       : cfg.positive_count("seq_length");
+  c.top_original = cfg.positive_count("original_max_position_embeddings");
+  model.max_position_embeddings = c.max_positions.value_or(0);
+}
+
+// The rope entry: rope_scaling when it is a non-empty object (as the
+// reference's `rope_scaling or rope_parameters`), else rope_parameters.
+inline RopeBlock find_rope_block(const Reader& cfg) {
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (!cfg.present(key) || cfg.object()->at(key).is_null()) continue;
+    const Json& value = cfg.object()->at(key);
+    if (!value.is_object()) cfg.bad(key, "an object", value);
+    if (value.empty()) continue;
+    return RopeBlock{&value, cfg.path(key)};
+  }
+  return RopeBlock{};
+}
+
+// The entry of the main kind: M-RoPE sections and temperatures live there.
+inline Reader main_kind_entry(const Config& config, const ModelRope& model) {
+  if (!config.context.per_layer) return config.single_entry();
+  const std::string& type = model.kinds[0].layer_type;
+  return config.entry(&config.block.json->at(type), config.block.path + "." + type);
+}
+
+// DeepSeek's attention multiplies its softmax scale by
+// g(factor, mscale_all_dim)^2 (yarn_get_mscale), whatever the rope entry's
+// own attention factor.
+inline double deepseek_score_scale(const Reader& main_entry, const LayerRope& primary) {
+  const double all_dim = main_entry.number("mscale_all_dim").value_or(0.0);
+  if (all_dim == 0.0) return 1.0;
+  double factor = 1.0;
+  if (const auto* y = std::get_if<scaling::Yarn>(&primary.scaling)) {
+    factor = y->factor;
+  } else {
+    factor = main_entry.required_positive("factor", "DeepSeek's softmax scale reads it");
+  }
+  const double g = static_cast<double>(rope::detail::yarn_g(factor, all_dim));
+  return g * g;
+}
+
+// The factor on q.k before the softmax, as the family's attention computes it.
+inline void read_score_scales(const Config& config, const Reader& main_entry, ModelRope& model) {
+  const Family& family = config.context.family;
+  if (family.gemma_scalar) model.query_pre_attn_scalar = config.cfg().positive("query_pre_attn_scalar");
+  if (family.deepseek && config.block.json != nullptr && model.kinds[0].rope_type != "default") {
+    model.score_scale = deepseek_score_scale(main_entry, model.kinds[0]);
+  }
+  const double divisor =
+      model.query_pre_attn_scalar ? *model.query_pre_attn_scalar : static_cast<double>(model.qk_head_dim);
+  model.softmax_scale = family.unit_scale ? model.score_scale : model.score_scale / std::sqrt(divisor);
+}
+
+// Mistral's llama_4_scaling_beta, or Llama 4's attention temperature tuning.
+inline void read_temperature(const Config& config, const Reader& main_entry, ModelRope& model) {
+  const std::string& type = model.kinds[0].rope_type;
+  if (const auto beta = main_entry.number("llama_4_scaling_beta")) {
+    const auto length = type == "yarn" || type == "llama3" || type == "longrope"
+                            ? std::optional<std::size_t>(original_length(config.context, main_entry))
+                            : main_entry.positive_count("original_max_position_embeddings");
+    if (!length) {
+      main_entry.missing("original_max_position_embeddings", "llama_4_scaling_beta divides positions by it");
+    }
+    model.temperature = QueryTemperature{*beta, static_cast<double>(*length), 0, false};
+  } else if (config.context.family.llama4 && config.cfg().flag("attn_temperature_tuning", true)) {
+    const double scale = config.cfg().number("attn_scale").value_or(0.1);
+    const double length = static_cast<double>(config.cfg().positive_count("floor_scale").value_or(8192));
+    model.temperature = QueryTemperature{scale, length, 1, true};
+  }
+}
+
+inline ModelRope read(const char* fn, const Json& root, const ParseOptions& options) {
+  const TextModel text = text_model(fn, root);
+  ModelRope model;
+  const Family family = model_family(fn, root, text, model);
+  const Reader cfg(fn, text.keys, text.prefix, family.gemma3 ? &gemma3_defaults() : nullptr);
+  Config config;
+  config.context.cfg = &cfg;
+  config.context.family = family;
+  config.prefix = text.prefix;
+  choose_pairing(family, cfg, options, model);
+  read_head_dims(config.context, model);
+  read_shared_keys(config.context, model);
+  config.block = find_rope_block(cfg);
+  read_layer_types(config, model);
+  config.context.per_layer = entries_per_layer_type(config.block, config.layer_types);
+  read_kinds(config, model);
+  put_main_kind_first(family, model);
+  const Reader main_entry = main_kind_entry(config, model);
+  model.mrope = pair_axes(config.context, main_entry, model.rotary_dim);
+  read_score_scales(config, main_entry, model);
+  read_temperature(config, main_entry, model);
+  return model;
+}
+
+}  // namespace rope::hf::detail
