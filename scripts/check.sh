@@ -22,9 +22,6 @@ cd "$(dirname "$0")/.."
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(clang tsan fuzz aarch64 xsimd14)
 
-bash scripts/deps.sh cmake ninja-build g++ clang libclang-rt-14-dev pkg-config libxsimd-dev libeigen3-dev \
-  libgtest-dev libbenchmark-dev nlohmann-json3-dev
-
 jobs="${ROPE_JOBS:-2}"
 fuzz_seconds="${ROPE_FUZZ_SECONDS:-60}"
 # xsimd 14 is not a Debian bookworm package: CI finds its headers next to
@@ -35,14 +32,23 @@ run_stage() {
   local stage="$1" start=$SECONDS
   echo "=== rope check: $stage"
   case "$stage" in
+    asan|clang|tsan|fuzz|aarch64|xsimd14) ;;
+    *)
+      echo "unknown stage '$stage' (asan, clang, tsan, fuzz, aarch64, xsimd14)" >&2
+      exit 2
+      ;;
+  esac
+  # Each stage's Debian packages: the line of its preset in scripts/packages.
+  bash scripts/deps.sh "$stage"
+  case "$stage" in
     asan|clang|tsan)
       cmake --preset "$stage" >/dev/null
       cmake --build --preset "$stage" -j "$jobs"
       ctest --preset "$stage"
       ;;
     fuzz)
-      cmake --preset fuzz >/dev/null
-      cmake --build --preset fuzz -j "$jobs"
+      cmake --preset "$stage" >/dev/null
+      cmake --build --preset "$stage" -j "$jobs"
       # Work on a copy: the fuzzer adds every input that finds new coverage
       # to its first corpus directory, and the checked-in corpus stays short.
       local work=build/fuzz/corpus
@@ -52,24 +58,18 @@ run_stage() {
         -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=build/fuzz/
       ;;
     aarch64)
-      # googletest is the source package: the cross build compiles it.
-      bash scripts/deps.sh g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user googletest
-      cmake --preset aarch64 >/dev/null
-      cmake --build --preset aarch64 -j "$jobs"
-      ctest --preset aarch64
+      cmake --preset "$stage" >/dev/null
+      cmake --build --preset "$stage" -j "$jobs"
+      ctest --preset "$stage"
       ;;
     xsimd14)
       if [ ! -f "$xsimd14_include/xsimd/xsimd.hpp" ]; then
         echo "=== rope check: xsimd14 skipped: no xsimd 14 headers at $xsimd14_include"
         return 0
       fi
-      cmake --preset xsimd14 >/dev/null
-      cmake --build --preset xsimd14 -j "$jobs"
-      ctest --preset xsimd14
-      ;;
-    *)
-      echo "unknown stage '$stage' (asan, clang, tsan, fuzz, aarch64, xsimd14)" >&2
-      exit 2
+      cmake --preset "$stage" >/dev/null
+      cmake --build --preset "$stage" -j "$jobs"
+      ctest --preset "$stage"
       ;;
   esac
   echo "=== rope check: $stage passed in $((SECONDS - start)) s"

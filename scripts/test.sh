@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/deps.sh cmake ninja-build g++ pkg-config libxsimd-dev libeigen3-dev libgtest-dev libbenchmark-dev nlohmann-json3-dev
+# The Debian packages of the test preset: scripts/packages, line test.
+bash scripts/deps.sh test
 
 cmake --preset test >/dev/null
 cmake --build --preset test
