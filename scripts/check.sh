@@ -6,8 +6,9 @@
 #   fuzz   clang++ libFuzzer target, run for ROPE_FUZZ_SECONDS (default 60)
 #   aarch64  the suite cross-compiled with g++-aarch64-linux-gnu, run under
 #            qemu-aarch64: the NEON kernels
-#   xsimd14  the suite and examples, g++, against the xsimd 14.3.0 headers in
-#            ../shared/third_party (skipped, saying so, where they are absent)
+#   xsimd14  the suite and examples, g++, against the xsimd 14 headers in the
+#            folder ROPE_XSIMD14_INCLUDE_DIR names (environment; .ci/run sets
+#            it where CI has them; skipped, saying so, where it is unset)
 #
 #   asan   g++, the whole suite under ASan + UBSan (not in the default list:
 #          the clang stage runs the same sanitizers, and CI's time goes to the
@@ -24,9 +25,9 @@ stages=("$@")
 
 jobs="${ROPE_JOBS:-2}"
 fuzz_seconds="${ROPE_FUZZ_SECONDS:-60}"
-# xsimd 14 is not a Debian bookworm package: CI finds its headers next to
-# the clone, never inside it (cmake's xsimd14 preset names the same folder).
-xsimd14_include="../shared/third_party/xsimd-14.3.0/include"
+# xsimd 14 is not a Debian bookworm package: whoever runs the stage names
+# the folder of its headers (the xsimd14 preset reads the same variable).
+xsimd14_include="${ROPE_XSIMD14_INCLUDE_DIR:-}"
 
 run_stage() {
   local stage="$1" start=$SECONDS
@@ -63,9 +64,13 @@ run_stage() {
       ctest --preset "$stage"
       ;;
     xsimd14)
-      if [ ! -f "$xsimd14_include/xsimd/xsimd.hpp" ]; then
-        echo "=== rope check: xsimd14 skipped: no xsimd 14 headers at $xsimd14_include"
+      if [ -z "$xsimd14_include" ]; then
+        echo "=== rope check: xsimd14 skipped: ROPE_XSIMD14_INCLUDE_DIR names no folder of xsimd 14 headers"
         return 0
+      fi
+      if [ ! -f "$xsimd14_include/xsimd/xsimd.hpp" ]; then
+        echo "rope check: xsimd14: ROPE_XSIMD14_INCLUDE_DIR=$xsimd14_include holds no xsimd/xsimd.hpp" >&2
+        exit 1
       fi
       cmake --preset "$stage" >/dev/null
       cmake --build --preset "$stage" -j "$jobs"
