@@ -2,11 +2,14 @@
 # set into a small library, the best one chosen at run time
 # (include/rope/dispatch.hpp, docs/dispatch.md).
 #
+#   ROPE_DISPATCH=OFF   not built: rope is headers alone, and
+#                       `cmake --install` needs no build (the default)
 #   ROPE_DISPATCH=AUTO  built where rope knows the instruction sets (x86-64,
 #                       aarch64) and the compiler takes their flags (GCC,
 #                       Clang); skipped elsewhere, with a message
 #   ROPE_DISPATCH=ON    the same, but a configure error where it cannot be built
-#   ROPE_DISPATCH=OFF   not built
+# Built (AUTO or ON), it is installed by `cmake --install` after
+# `cmake --build`; an install before the build stops saying so.
 #
 # One translation unit per instruction set, each with that set's flags on
 # the source file alone (src/dispatch/isa.hpp says how they are kept apart
@@ -20,7 +23,7 @@
 # rope_dispatch_flags(<isa> <variable>) gives an instruction set's flags, for
 # rope's tests that compile reference code per instruction set.
 
-set(ROPE_DISPATCH AUTO CACHE STRING "Build rope::dispatch, runtime dispatch over instruction sets: ON, OFF or AUTO")
+set(ROPE_DISPATCH OFF CACHE STRING "Build rope::dispatch, runtime dispatch over instruction sets: ON, OFF or AUTO")
 set_property(CACHE ROPE_DISPATCH PROPERTY STRINGS ON OFF AUTO)
 
 set(ROPE_DISPATCH_FLAGS_sse2 "")

@@ -16,6 +16,14 @@ include(CMakePackageConfigHelpers)
 set(ROPE_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/rope")
 set(ROPE_PKGCONFIG_DIR "${CMAKE_INSTALL_DATADIR}/pkgconfig")
 
+# Configured with rope::dispatch, an install before the build would stop
+# halfway on a missing file without saying why: stop first, saying it.
+if(TARGET rope_dispatch)
+  install(CODE "
+    if(NOT EXISTS \"$<TARGET_FILE:rope_dispatch>\")
+      message(FATAL_ERROR \"rope: rope::dispatch (ROPE_DISPATCH=${ROPE_DISPATCH}) is not built: run 'cmake --build ${CMAKE_BINARY_DIR}' before 'cmake --install', or configure with -DROPE_DISPATCH=OFF for the headers alone\")
+    endif()")
+endif()
 install(DIRECTORY include/rope DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
 install(TARGETS rope rope_native EXPORT ropeTargets)
 install(EXPORT ropeTargets NAMESPACE rope:: DESTINATION "${ROPE_CMAKE_DIR}")

@@ -9,7 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/deps.sh cmake ninja-build g++ libxsimd-dev libeigen3-dev libbenchmark-dev python3 python3-matplotlib
+# The Debian packages of the bench preset: scripts/packages, line bench.
+bash scripts/deps.sh bench
 
 cmake --preset bench >/dev/null
 cmake --build --preset bench --target rope_bench

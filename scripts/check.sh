@@ -6,8 +6,9 @@
 #   fuzz   clang++ libFuzzer target, run for ROPE_FUZZ_SECONDS (default 60)
 #   aarch64  the suite cross-compiled with g++-aarch64-linux-gnu, run under
 #            qemu-aarch64: the NEON kernels
-#   xsimd14  the suite and examples, g++, against the xsimd 14.3.0 headers in
-#            ../shared/third_party (skipped, saying so, where they are absent)
+#   xsimd14  the suite and examples, g++, against the xsimd 14 headers in the
+#            folder ROPE_XSIMD14_INCLUDE_DIR names (environment; .ci/run sets
+#            it where CI has them; skipped, saying so, where it is unset)
 #
 #   asan   g++, the whole suite under ASan + UBSan (not in the default list:
 #          the clang stage runs the same sanitizers, and CI's time goes to the
@@ -22,18 +23,24 @@ cd "$(dirname "$0")/.."
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(clang tsan fuzz aarch64 xsimd14)
 
-bash scripts/deps.sh cmake ninja-build g++ clang libclang-rt-14-dev pkg-config libxsimd-dev libeigen3-dev \
-  libgtest-dev libbenchmark-dev nlohmann-json3-dev
-
 jobs="${ROPE_JOBS:-2}"
 fuzz_seconds="${ROPE_FUZZ_SECONDS:-60}"
-# xsimd 14 is not a Debian bookworm package: CI finds its headers next to
-# the clone, never inside it (cmake's xsimd14 preset names the same folder).
-xsimd14_include="../shared/third_party/xsimd-14.3.0/include"
+# xsimd 14 is not a Debian bookworm package: whoever runs the stage names
+# the folder of its headers (the xsimd14 preset reads the same variable).
+xsimd14_include="${ROPE_XSIMD14_INCLUDE_DIR:-}"
 
 run_stage() {
   local stage="$1" start=$SECONDS
   echo "=== rope check: $stage"
+  case "$stage" in
+    asan|clang|tsan|fuzz|aarch64|xsimd14) ;;
+    *)
+      echo "unknown stage '$stage' (asan, clang, tsan, fuzz, aarch64, xsimd14)" >&2
+      exit 2
+      ;;
+  esac
+  # Each stage's Debian packages: the line of its preset in scripts/packages.
+  bash scripts/deps.sh "$stage"
   case "$stage" in
     asan|clang|tsan)
       cmake --preset "$stage" >/dev/null
@@ -41,8 +48,8 @@ run_stage() {
       ctest --preset "$stage"
       ;;
     fuzz)
-      cmake --preset fuzz >/dev/null
-      cmake --build --preset fuzz -j "$jobs"
+      cmake --preset "$stage" >/dev/null
+      cmake --build --preset "$stage" -j "$jobs"
       # Work on a copy: the fuzzer adds every input that finds new coverage
       # to its first corpus directory, and the checked-in corpus stays short.
       local work=build/fuzz/corpus
@@ -52,24 +59,22 @@ run_stage() {
         -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=build/fuzz/
       ;;
     aarch64)
-      # googletest is the source package: the cross build compiles it.
-      bash scripts/deps.sh g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user googletest
-      cmake --preset aarch64 >/dev/null
-      cmake --build --preset aarch64 -j "$jobs"
-      ctest --preset aarch64
+      cmake --preset "$stage" >/dev/null
+      cmake --build --preset "$stage" -j "$jobs"
+      ctest --preset "$stage"
       ;;
     xsimd14)
-      if [ ! -f "$xsimd14_include/xsimd/xsimd.hpp" ]; then
-        echo "=== rope check: xsimd14 skipped: no xsimd 14 headers at $xsimd14_include"
+      if [ -z "$xsimd14_include" ]; then
+        echo "=== rope check: xsimd14 skipped: ROPE_XSIMD14_INCLUDE_DIR names no folder of xsimd 14 headers"
         return 0
       fi
-      cmake --preset xsimd14 >/dev/null
-      cmake --build --preset xsimd14 -j "$jobs"
-      ctest --preset xsimd14
-      ;;
-    *)
-      echo "unknown stage '$stage' (asan, clang, tsan, fuzz, aarch64, xsimd14)" >&2
-      exit 2
+      if [ ! -f "$xsimd14_include/xsimd/xsimd.hpp" ]; then
+        echo "rope check: xsimd14: ROPE_XSIMD14_INCLUDE_DIR=$xsimd14_include holds no xsimd/xsimd.hpp" >&2
+        exit 1
+      fi
+      cmake --preset "$stage" >/dev/null
+      cmake --build --preset "$stage" -j "$jobs"
+      ctest --preset "$stage"
       ;;
   esac
   echo "=== rope check: $stage passed in $((SECONDS - start)) s"

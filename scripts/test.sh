@@ -4,8 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/deps.sh cmake ninja-build g++ pkg-config libxsimd-dev libeigen3-dev libgtest-dev libbenchmark-dev nlohmann-json3-dev
+# The Debian packages of the test preset: scripts/packages, line test.
+bash scripts/deps.sh test
 
-cmake --preset test >/dev/null
+# ROPE_EXTRA_HF_CONFIGS_DIR (environment): a folder of published configs
+# that tests/data/hf/configs must hold unchanged; unset: not compared.
+cmake --preset test -DROPE_EXTRA_HF_CONFIGS_DIR="${ROPE_EXTRA_HF_CONFIGS_DIR:-}" >/dev/null
 cmake --build --preset test
 ctest --preset test

@@ -1,5 +1,9 @@
 # Builds and runs a consumer project of rope, as a user would (cmake -P).
 #   MODE=install            install rope from ROPE_BINARY_DIR into PREFIX
+#   MODE=install_unbuilt    configure rope as a packager does
+#                           (-DBUILD_TESTING=OFF, defaults otherwise) and
+#                           install it with nothing built; then configure
+#                           examples/find_package against that prefix (ARGS)
 #   MODE=find_package       build examples/find_package against PREFIX and run
 #                           its programs; ARGS passes cache entries, e.g.
 #                           -DROPE_CONSUMER_VERSION=1.0
@@ -53,6 +57,24 @@ if(XSIMD_INCLUDE_DIR)
   file(WRITE "${xsimd_stand_in}/xsimd.pc"
     "Name: xsimd\nDescription: xsimd headers in ${XSIMD_INCLUDE_DIR}\nVersion: 0\n"
     "Cflags: -I${XSIMD_INCLUDE_DIR}\n")
+endif()
+
+if(MODE STREQUAL "install_unbuilt")
+  # The headers alone need no build; BUILD_TESTING=OFF turns rope's tests off.
+  set(rope_configure ${CMAKE_COMMAND} -S "${ROPE_SOURCE_DIR}" -B "${WORK_DIR}/rope" -G "${GENERATOR}"
+      "-DCMAKE_CXX_COMPILER=${CXX}" -DBUILD_TESTING=OFF)
+  if(XSIMD_INCLUDE_DIR)
+    list(APPEND rope_configure "-DROPE_XSIMD_INCLUDE_DIR=${XSIMD_INCLUDE_DIR}")
+  endif()
+  run(${rope_configure})
+  file(STRINGS "${WORK_DIR}/rope/CMakeCache.txt" tests_option REGEX "^ROPE_BUILD_TESTS:")
+  if(NOT tests_option STREQUAL "ROPE_BUILD_TESTS:BOOL=OFF")
+    message(FATAL_ERROR "-DBUILD_TESTING=OFF left ${tests_option}")
+  endif()
+  run(${CMAKE_COMMAND} --install "${WORK_DIR}/rope" --prefix "${WORK_DIR}/prefix")
+  set(PREFIX "${WORK_DIR}/prefix")
+  set(MODE find_package)
+  set(CONFIGURE_ONLY ON)
 endif()
 
 if(MODE STREQUAL "pkg_config")
@@ -117,5 +139,9 @@ if(EXPECT_FAILURE)
   return()
 endif()
 run(${configure})
+if(CONFIGURE_ONLY)
+  message(STATUS "the package installed without a build loads")
+  return()
+endif()
 run(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
 run_programs("${WORK_DIR}/build")

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Reports what rope's headers cost to compile: six translation units, each
+# one call, compiled with the compiler and flags of rope's builds, against
+# the ratios the project aims for. It reports; it never fails on a figure.
+#   scripts/compile_cost.sh                 the table (median of 3 runs per TU)
+#   scripts/compile_cost.sh --time-report   also g++'s -ftime-report of the core TU
+# Environment: CXX (default g++), CXXFLAGS (default -O2 -march=native
+# -std=c++17), ROPE_COMPILE_COST_RUNS (default 3). The figure is CPU time
+# (user + system) of the compiler, which a busy machine disturbs less than
+# wall time; wall time is shown beside it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cxx="${CXX:-g++}"
+read -r -a flags <<<"${CXXFLAGS:--O2 -march=native -std=c++17}"
+runs="${ROPE_COMPILE_COST_RUNS:-3}"
+includes=(-Iinclude -I/usr/include/eigen3)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# name|what it holds; the sources follow.
+units=(
+  "xsimd|<xsimd/xsimd.hpp> + one batch add"
+  "core|<rope/rope.hpp> + one rope::apply of a float tensor"
+  "json|<nlohmann/json.hpp> + one parse"
+  "hf_config|<rope/hf_config.hpp> + one rope::hf::parse"
+  "eigen|<Eigen/Core> + one GEMM"
+  "attention|<rope/attention.hpp> + one one-head rope::attention::softmax"
+)
+cat >"$work/xsimd.cpp" <<'EOF'
+#include <xsimd/xsimd.hpp>
+void add(const float* a, const float* b, float* c) {
+  using B = xsimd::batch<float>;
+  (B::load_unaligned(a) + B::load_unaligned(b)).store_unaligned(c);
+}
+EOF
+cat >"$work/core.cpp" <<'EOF'
+#include <rope/rope.hpp>
+void rotate(float* data, std::size_t tokens, const rope::Table<float>& table) {
+  rope::apply(rope::View<float>::token_major(data, tokens, 8, 128), table, rope::Style::rotate_half, 0);
+}
+EOF
+cat >"$work/json.cpp" <<'EOF'
+#include <nlohmann/json.hpp>
+#include <string>
+std::size_t keys(const std::string& text) { return nlohmann::json::parse(text).size(); }
+EOF
+cat >"$work/hf_config.cpp" <<'EOF'
+#include <rope/hf_config.hpp>
+#include <string>
+std::size_t head_dim(const std::string& text) { return rope::hf::parse(text).head_dim; }
+EOF
+cat >"$work/eigen.cpp" <<'EOF'
+#include <Eigen/Core>
+void gemm(const Eigen::MatrixXf& a, const Eigen::MatrixXf& b, Eigen::MatrixXf& c) { c.noalias() = a * b; }
+EOF
+cat >"$work/attention.cpp" <<'EOF'
+#include <rope/attention.hpp>
+rope::attention::Matrix<float> attend(const rope::attention::Matrix<float>& q, const rope::attention::Matrix<float>& k,
+                                      const rope::attention::Matrix<float>& v, const rope::Table<float>& table) {
+  return rope::attention::softmax(q, k, v, rope::attention::Rotation<float>{&table, rope::Style::rotate_half});
+}
+EOF
+
+# compile NAME: prints "cpu wall" (seconds) of one compile.
+compile() {
+  local out
+  TIMEFORMAT='%U %S %R'
+  if ! out=$( { time "$cxx" "${flags[@]}" "${includes[@]}" -c "$work/$1.cpp" -o "$work/$1.o" 2>"$work/$1.err"; } 2>&1 ); then
+    echo "compile_cost: $1.cpp does not compile:" >&2
+    cat "$work/$1.err" >&2
+    exit 1
+  fi
+  awk '{ printf "%.2f %.2f\n", $1 + $2, $3 }' <<<"$out"
+}
+median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+
+echo "rope compile cost: $("$cxx" --version | head -n 1), ${flags[*]}, median of $runs run(s) per TU"
+echo
+printf '| %-10s | %-62s | %7s | %7s |\n' "TU" "what" "CPU s" "wall s"
+printf '|%s|%s|%s|%s|\n' "------------" "----------------------------------------------------------------" "---------" "---------"
+declare -A cpu
+for unit in "${units[@]}"; do
+  name=${unit%%|*}
+  what=${unit#*|}
+  : >"$work/$name.times"
+  for ((i = 0; i < runs; ++i)); do compile "$name" >>"$work/$name.times"; done
+  cpu[$name]=$(cut -d' ' -f1 "$work/$name.times" | median)
+  wall=$(cut -d' ' -f2 "$work/$name.times" | median)
+  printf '| %-10s | %-62s | %7s | %7s |\n' "$name" "$what" "${cpu[$name]}" "$wall"
+done
+
+echo
+printf '| %-40s | %9s | %-8s |\n' "figure" "value" "target"
+printf '|%s|%s|%s|\n' "------------------------------------------" "-----------" "----------"
+row() { printf '| %-40s | %9s | %-8s |\n' "$1" "$2" "$3"; }
+row "core TU / xsimd TU" "$(awk -v a="${cpu[core]}" -v b="${cpu[xsimd]}" 'BEGIN { printf "%.2fx", a / b }')" "<= 2x"
+row "config reader TU - json TU" "$(awk -v a="${cpu[hf_config]}" -v b="${cpu[json]}" 'BEGIN { printf "%.2f s", a - b }')" "<= 1 s"
+row "attention TU - Eigen TU" "$(awk -v a="${cpu[attention]}" -v b="${cpu[eigen]}" 'BEGIN { printf "%.2f s", a - b }')" "<= 3 s"
+
+if [ "${1:-}" = "--time-report" ]; then
+  echo
+  echo "-ftime-report of the core TU, the entries over 5% of user time (the report itself"
+  echo "slows the compile: read the shares, not the seconds):"
+  "$cxx" "${flags[@]}" "${includes[@]}" -ftime-report -c "$work/core.cpp" -o "$work/core.o" 2>&1 |
+    grep -E '^ .*:[[:space:]]+[0-9.]+ \([[:space:]]*([5-9]|[1-9][0-9]|100)%\)|TOTAL'
+fi
