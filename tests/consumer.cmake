@@ -3,12 +3,12 @@
 #   MODE=install_unbuilt    configure rope as a packager does
 #                           (-DBUILD_TESTING=OFF, defaults otherwise) and
 #                           install it with nothing built; then configure
-#                           examples/find_package against that prefix (ARGS)
-#   MODE=find_package       build examples/find_package against PREFIX and run
+#                           tests/consumers/find_package against that prefix (ARGS)
+#   MODE=find_package       build tests/consumers/find_package against PREFIX and run
 #                           its programs; ARGS passes cache entries, e.g.
 #                           -DROPE_CONSUMER_VERSION=1.0
-#   MODE=add_subdirectory   build examples/add_subdirectory (rope vendored)
-#   MODE=fetch_content      build examples/fetch_content (FetchContent, local)
+#   MODE=add_subdirectory   build tests/consumers/add_subdirectory (rope vendored)
+#   MODE=fetch_content      build tests/consumers/fetch_content (FetchContent, local)
 #   MODE=pkg_config         compile the consumer programs with nothing but
 #                           `pkg-config --cflags --libs` of the installed .pc
 #                           files
@@ -101,7 +101,7 @@ if(MODE STREQUAL "pkg_config")
     endif()
     message(STATUS "pkg-config --cflags --libs ${package}: ${flags}")
     separate_arguments(flags UNIX_COMMAND "${flags}")
-    run(${CXX} -std=c++17 -O1 "${ROPE_SOURCE_DIR}/examples/${program}.cpp" ${flags}
+    run(${CXX} -std=c++17 -O1 "${ROPE_SOURCE_DIR}/tests/consumers/${program}.cpp" ${flags}
         -o "${WORK_DIR}/rope_${program}")
   endforeach()
   run_programs("${WORK_DIR}")
@@ -109,13 +109,13 @@ if(MODE STREQUAL "pkg_config")
 endif()
 
 if(MODE STREQUAL "find_package")
-  set(source "${ROPE_SOURCE_DIR}/examples/find_package")
+  set(source "${ROPE_SOURCE_DIR}/tests/consumers/find_package")
   set(extra "-DCMAKE_PREFIX_PATH=${PREFIX}")
   if(XSIMD_INCLUDE_DIR)
     list(APPEND extra "-Dxsimd_DIR=${xsimd_stand_in}")
   endif()
 elseif(MODE STREQUAL "add_subdirectory" OR MODE STREQUAL "fetch_content")
-  set(source "${ROPE_SOURCE_DIR}/examples/${MODE}")
+  set(source "${ROPE_SOURCE_DIR}/tests/consumers/${MODE}")
   set(extra "-DROPE_SOURCE_DIR=${ROPE_SOURCE_DIR}")
   if(XSIMD_INCLUDE_DIR)
     list(APPEND extra "-DROPE_XSIMD_INCLUDE_DIR=${XSIMD_INCLUDE_DIR}")

@@ -13,6 +13,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include <rope/error.hpp>
 #include <rope/frequencies.hpp>
 #include <rope/reference.hpp>
@@ -56,6 +58,31 @@ std::string thrown_message(F&& call) {
     return std::string("not rope's: out_of_range: ") + e.what();
   }
   return "no exception";
+}
+
+// Runs f, which must throw E (and an error of rope's own type); returns the
+// message ("" and a failure if not).
+template <class E, class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    if (dynamic_cast<const rope::detail::ErrorSource*>(&e) == nullptr) {
+      ADD_FAILURE() << "not an error of rope's own type: " << e.what();
+    }
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw another exception: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "did not throw";
+  return "";
+}
+
+// The message names `argument` and shows `value` as written in it.
+inline void expect_names(const std::string& msg, const std::string& argument, const std::string& value) {
+  EXPECT_NE(msg.find(argument), std::string::npos) << "message does not name " << argument << ": " << msg;
+  EXPECT_NE(msg.find(value), std::string::npos) << "message does not show " << value << ": " << msg;
 }
 
 template <class T>

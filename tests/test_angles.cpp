@@ -13,6 +13,9 @@
 
 #include <rope/angles.hpp>
 #include <rope/table.hpp>
+#include <cstring>
+#include <functional>
+#include "support.hpp"
 
 namespace {
 
@@ -125,4 +128,46 @@ TEST(Angles, RejectsBadArgumentsWithoutWriting) {
   EXPECT_TRUE(untouched());
 }
 
+}  // namespace
+
+// ---- Bad input: every refusal names its argument and writes nothing (docs/errors.md).
+namespace {
+namespace angle_errors {
+namespace scaling = rope::scaling;
+[[maybe_unused]] constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+[[maybe_unused]] constexpr double kInf = std::numeric_limits<double>::infinity();
+using rope_test::expect_names;
+using rope_test::message_of;
+
+// rope::angles: every rejected argument leaves both output rows untouched.
+template <class T>
+void expect_angles_rejected(const rope::Frequencies& f, std::size_t position, bool null_cos, bool null_sin,
+                            const std::string& argument, const std::string& value, bool out_of_range) {
+  SCOPED_TRACE(argument);
+  std::vector<T> cos(8), sin(8);
+  for (std::size_t i = 0; i < 8; ++i) {
+    cos[i] = static_cast<T>(-1000.0 - double(i));
+    sin[i] = static_cast<T>(2000.0 + double(i));
+  }
+  const auto cos_before = cos, sin_before = sin;
+  const auto call = [&] { rope::angles<T>(f, position, null_cos ? nullptr : cos.data(), null_sin ? nullptr : sin.data()); };
+  const auto msg = out_of_range ? message_of<std::out_of_range>(call) : message_of<std::invalid_argument>(call);
+  expect_names(msg, argument, value);
+  EXPECT_EQ(std::memcmp(cos.data(), cos_before.data(), 8 * sizeof(T)), 0);
+  EXPECT_EQ(std::memcmp(sin.data(), sin_before.data(), 8 * sizeof(T)), 0);
+}
+
+TEST(AnglesErrors, AnglesRejectsAndWritesNothing) {
+  const auto f = rope::frequencies(16);
+  const std::size_t past = rope::kMaxExactPosition + 1;
+  expect_angles_rejected<float>(rope::Frequencies{}, 0, false, false, "inv_freq", "empty", false);
+  expect_angles_rejected<float>(f, 0, true, false, "cos_out", "null", false);
+  expect_angles_rejected<double>(f, 0, false, true, "sin_out", "null", false);
+  expect_angles_rejected<float>(f, past, false, false, "position", std::to_string(past), true);
+  expect_angles_rejected<double>(f, std::numeric_limits<std::size_t>::max(), false, false, "position",
+                                 std::to_string(std::numeric_limits<std::size_t>::max()), true);
+}
+
+
+}  // namespace angle_errors
 }  // namespace

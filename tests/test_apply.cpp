@@ -770,3 +770,172 @@ TEST(ApplyCompileTimeBuilds, FusedInstructionSetsMatchTheRoundingOracleBitForBit
 }
 
 }  // namespace
+
+// ---- Bad input: every refusal names its argument and writes nothing (docs/errors.md).
+namespace {
+namespace tensor_errors {
+namespace scaling = rope::scaling;
+[[maybe_unused]] constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+[[maybe_unused]] constexpr double kInf = std::numeric_limits<double>::infinity();
+using rope_test::expect_names;
+using rope_test::message_of;
+
+// The tensor API. Every case starts from a valid call, breaks one argument,
+// and checks the exception, that its message names the argument and shows
+// the value, and that every buffer (inputs and outputs) is byte for byte
+// what it was.
+class TensorApiErrors : public ::testing::Test {
+ protected:
+  static constexpr std::size_t kTokens = 3, kHeads = 4, kKvHeads = 2, kHeadDim = 72, kRotaryDim = 64;
+  static constexpr std::size_t kPositions = 16;
+
+  TensorApiErrors() : table_(rope::frequencies(kRotaryDim), kPositions) {
+    for (auto* b : {&q_, &k_, &q_out_, &k_out_}) {
+      b->resize(kTokens * kHeads * kHeadDim);
+      for (std::size_t i = 0; i < b->size(); ++i) (*b)[i] = static_cast<float>(b == &q_ ? i : 3 * i + 1);
+    }
+    ids_ = {0, 5, 15};
+  }
+
+  rope::View<float> q() { return rope::View<float>::token_major(q_.data(), kTokens, kHeads, kHeadDim); }
+  rope::View<float> k() { return rope::View<float>::token_major(k_.data(), kTokens, kKvHeads, kHeadDim); }
+  rope::View<float> q_out() { return rope::View<float>::token_major(q_out_.data(), kTokens, kHeads, kHeadDim); }
+  rope::View<float> k_out() { return rope::View<float>::token_major(k_out_.data(), kTokens, kKvHeads, kHeadDim); }
+
+  template <class E, class F>
+  void expect_rejected(F&& call, const std::string& argument, const std::string& value) {
+    SCOPED_TRACE(argument + " = " + value);
+    const auto before = std::vector<std::vector<float>>{q_, k_, q_out_, k_out_};
+    const auto ids_before = ids_;
+    const auto msg = message_of<E>(call);
+    expect_names(msg, argument, value);
+    const auto after = std::vector<std::vector<float>>{q_, k_, q_out_, k_out_};
+    for (std::size_t i = 0; i < before.size(); ++i) {
+      EXPECT_EQ(std::memcmp(before[i].data(), after[i].data(), before[i].size() * sizeof(float)), 0)
+          << "buffer " << i << " was written by a rejected call";
+    }
+    EXPECT_EQ(ids_, ids_before);
+  }
+
+  rope::Table<float> table_;
+  std::vector<float> q_, k_, q_out_, k_out_;
+  std::vector<std::int64_t> ids_;
+};
+
+TEST_F(TensorApiErrors, ValidCallsSucceed) {
+  // The baseline every other case breaks in one place.
+  EXPECT_NO_THROW(rope::apply(q(), table_, rope::Style::rotate_half, ids_.data()));
+  EXPECT_NO_THROW(rope::apply_qk(q(), k(), table_, rope::Style::block_diagonal, ids_.data()));
+}
+
+TEST_F(TensorApiErrors, Views) {
+  using rope::Style;
+  for (std::size_t threads : {std::size_t{1}, std::size_t{3}}) {
+    rope::Options o;
+    o.threads = threads;
+    auto v = q();
+    v.data = nullptr;
+    expect_rejected<std::invalid_argument>([&] { rope::apply(v, table_, Style::rotate_half, ids_.data(), o); },
+                                           "x.data", "null");
+    v = q();
+    v.head_dim = 0;
+    expect_rejected<std::invalid_argument>([&] { rope::apply(v, table_, Style::rotate_half, ids_.data(), o); },
+                                           "x.head_dim", "0");
+    v = rope::View<float>(q_.data(), kTokens, kHeads, 30, kHeads * 30, 30);  // 30 < rotary_dim 64
+    expect_rejected<std::invalid_argument>([&] { rope::apply(v, table_, Style::rotate_half, ids_.data(), o); },
+                                           "head_dim", "30");
+    v = q();
+    v.head_stride = kHeadDim - 1;  // neighbouring heads would overlap
+    expect_rejected<std::invalid_argument>([&] { rope::apply(v, table_, Style::block_diagonal, ids_.data(), o); },
+                                           "x.head_stride", std::to_string(kHeadDim - 1));
+    v = q();
+    v.token_stride = 10;
+    expect_rejected<std::invalid_argument>([&] { rope::apply(v, table_, Style::block_diagonal, ids_.data(), o); },
+                                           "x.token_stride", "10");
+  }
+}
+
+TEST_F(TensorApiErrors, Options) {
+  using rope::Style;
+  rope::Options o;
+  o.rotary_dim = 7;
+  expect_rejected<std::invalid_argument>([&] { rope::apply(q(), table_, Style::rotate_half, ids_.data(), o); },
+                                         "options.rotary_dim", "7");
+  o.rotary_dim = kRotaryDim + 2;
+  expect_rejected<std::invalid_argument>([&] { rope::apply(q(), table_, Style::rotate_half, ids_.data(), o); },
+                                         "options.rotary_dim", std::to_string(kRotaryDim + 2));
+  o = rope::Options{};
+  o.threads = 0;
+  expect_rejected<std::invalid_argument>([&] { rope::apply(q(), table_, Style::rotate_half, ids_.data(), o); },
+                                         "options.threads", "0");
+}
+
+TEST_F(TensorApiErrors, Positions) {
+  using rope::Style;
+  for (std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
+    rope::Options o;
+    o.threads = threads;
+    expect_rejected<std::invalid_argument>(
+        [&] { rope::apply(q(), table_, Style::rotate_half, static_cast<const std::int64_t*>(nullptr), o); },
+        "positions", "null");
+    // The last token is bad: nothing of the earlier, valid tokens may be written.
+    for (std::int64_t bad : {std::int64_t{-1}, std::int64_t{kPositions}, std::numeric_limits<std::int64_t>::max(),
+                             std::numeric_limits<std::int64_t>::min()}) {
+      ids_[2] = bad;
+      expect_rejected<std::out_of_range>([&] { rope::apply(q(), table_, Style::rotate_half, ids_.data(), o); },
+                                         "position", std::to_string(bad));
+      expect_rejected<std::out_of_range>(
+          [&] { rope::apply_qk(q(), k(), table_, Style::block_diagonal, ids_.data(), o); }, "position",
+          std::to_string(bad));
+    }
+    ids_ = {0, 5, 15};
+    expect_rejected<std::out_of_range>([&] { rope::apply(q(), table_, Style::rotate_half, std::int64_t{-3}, o); },
+                                       "offset", "-3");
+    // Offset 14: tokens at 14, 15, 16, and 16 is past the table.
+    expect_rejected<std::out_of_range>([&] { rope::apply(q(), table_, Style::rotate_half, std::int64_t{14}, o); },
+                                       "position", "16");
+  }
+}
+
+TEST_F(TensorApiErrors, OutOfPlaceShapesAndOverlap) {
+  using rope::Style;
+  const rope::View<const float> x = q();
+  auto out = q_out();
+  out.heads = kHeads - 1;
+  expect_rejected<std::invalid_argument>([&] { rope::apply<float>(x, out, table_, Style::rotate_half, ids_.data()); },
+                                         "out", std::to_string(kHeads - 1));
+  // out is x shifted by one head: neither the same view nor disjoint.
+  const auto shifted = rope::View<float>(q_.data() + kHeadDim, kTokens - 1, kHeads, kHeadDim, kHeads * kHeadDim,
+                                         kHeadDim);
+  const rope::View<const float> x2 = rope::View<float>(q_.data(), kTokens - 1, kHeads, kHeadDim, kHeads * kHeadDim,
+                                                       kHeadDim);
+  expect_rejected<std::invalid_argument>(
+      [&] { rope::apply<float>(x2, shifted, table_, Style::rotate_half, ids_.data()); }, "out", "overlaps");
+}
+
+TEST_F(TensorApiErrors, ApplyQk) {
+  using rope::Style;
+  auto k3 = rope::View<float>::token_major(k_.data(), kTokens, 3, kHeadDim);  // 4 % 3 != 0
+  expect_rejected<std::invalid_argument>([&] { rope::apply_qk(q(), k3, table_, Style::rotate_half, ids_.data()); },
+                                         "k.heads", "3");
+  auto k_short = k();
+  k_short.tokens = kTokens - 1;
+  expect_rejected<std::invalid_argument>(
+      [&] { rope::apply_qk(q(), k_short, table_, Style::rotate_half, ids_.data()); }, "k.tokens",
+      std::to_string(kTokens - 1));
+  auto k_null = k();
+  k_null.data = nullptr;
+  expect_rejected<std::invalid_argument>([&] { rope::apply_qk(q(), k_null, table_, Style::rotate_half, ids_.data()); },
+                                         "k.data", "null");
+  // k_out written over q_out: two outputs sharing memory.
+  const auto k_over_q = rope::View<float>::token_major(q_out_.data(), kTokens, kKvHeads, kHeadDim);
+  expect_rejected<std::invalid_argument>(
+      [&] {
+        rope::apply_qk<float>(rope::View<const float>(q()), rope::View<const float>(k()), q_out(), k_over_q, table_,
+                              Style::rotate_half, ids_.data());
+      },
+      "k_out", "overlaps");
+}
+
+}  // namespace tensor_errors
+}  // namespace

@@ -16,6 +16,12 @@
 
 #include "attention_oracle.hpp"
 #include "support.hpp"
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <type_traits>
+#include "attention_heads.hpp"
 
 namespace {
 
@@ -490,4 +496,263 @@ TEST(Linear, BadInputThrows) {
   EXPECT_EQ(state.key_sum().squaredNorm(), 0.0);
 }
 
+}  // namespace
+
+// ---- multi-head linear attention with a LinearState per key/value head
+namespace {
+namespace heads {
+
+namespace at = attention_test;
+namespace ra = rope::attention;
+using at::Heads;
+using ra::Matrix;
+using ra::Rotation;
+using rope::Style;
+using rope::View;
+
+template <class T>
+class LinearHeads : public ::testing::Test {};
+using Scalars = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(LinearHeads, Scalars, rope_test::ScalarNames);
+
+template <class T>
+double tolerance() {
+  return at::exact_tolerance<T>();
+}
+
+// max |got - want| / max |want| over one head of an output tensor.
+template <class T>
+double head_error(const Heads<T>& out, std::size_t h, const at::Mat& want) {
+  return at::relative_error(out.head(h), want);
+}
+
+
+// ---- multi-head linear attention -------------------------------------------
+
+// A grouped-query layer for the linear cases: tensors, FAVOR+ features and
+// the tables of both rotations (d channels pre-phi, m features for eq. 19).
+template <class T>
+struct LinearCase {
+  static constexpr std::size_t l = 23, hq = 4, hk = 2, d = 8, dv = 4, m = 16;
+  const rope::Table<T> table{rope::frequencies(d, 10000.0), 64};
+  const rope::Table<T> feature_table{rope::frequencies(m, 10000.0), 64};
+  const Heads<T> q, k, v;
+  const ra::FavorFeatures phi{d, features(m)};
+
+  explicit LinearCase(std::uint32_t seed) : q(l, hq, d, seed), k(l, hk, d, seed + 1), v(l, hk, dv, seed + 2) {}
+  static ra::FavorOptions features(std::size_t count) {
+    ra::FavorOptions fo;
+    fo.features = count;
+    return fo;
+  }
+};
+
+
+// The multi-head views give each head the one-head call on its rows, for
+// FAVOR+ with pre-phi RoPE and in eq. 19 form, causal or not.
+TYPED_TEST(LinearHeads, LinearHeadsEqualOneHeadCalls) {
+  using T = TypeParam;
+  const LinearCase<T> c(51);
+  const auto& [table, feature_table, q, k, v, phi] = c;
+  for (const bool causal : {false, true}) {
+    ra::LinearOptions o;
+    o.causal = causal;
+    o.chunk = 5;
+    o.q_positions = o.k_positions = at::random_positions(c.l, 64, 54);
+    Heads<T> pre(c.l, c.hq, c.dv, 0), eq19(c.l, c.hq, c.dv, 0);
+    ra::linear<T>(q.view(), k.view(), v.view(), pre.view(), phi, o, {&table, Style::rotate_half});
+    ra::linear_eq19<T>(q.view(), k.view(), v.view(), eq19.view(), phi, {&feature_table, Style::block_diagonal}, o);
+    for (std::size_t h = 0; h < c.hq; ++h) {
+      const std::size_t g = h / (c.hq / c.hk);
+      const Matrix<T> want_pre = ra::linear(q.head(h), k.head(g), v.head(g), phi, o, Rotation<T>{&table, Style::rotate_half});
+      const Matrix<T> want_eq19 =
+          ra::linear_eq19(q.head(h), k.head(g), v.head(g), phi, Rotation<T>{&feature_table, Style::block_diagonal}, o);
+      EXPECT_LE(at::relative_error(pre.head(h), want_pre), tolerance<T>()) << "causal " << causal << " head " << h;
+      EXPECT_LE(at::relative_error(eq19.head(h), want_eq19), tolerance<T>()) << "causal " << causal << " head " << h;
+    }
+  }
+}
+
+
+// A prefill in chunks, then one token at a time, carrying one LinearState
+// per key/value head, equals the one-shot causal call.
+TYPED_TEST(LinearHeads, LinearChunkedPrefillThenDecodeEqualsOneShot) {
+  using T = TypeParam;
+  const LinearCase<T> c(61);
+  for (const bool eq19 : {true, false}) {
+    ra::LinearOptions o;
+    o.causal = true;
+    o.chunk = 4;
+    const auto call = [&](std::size_t t, std::size_t n, Heads<T>& out, std::vector<ra::LinearState<T>>* states) {
+      ra::LinearOptions step = o;
+      step.q_offset = step.k_offset = static_cast<std::int64_t>(t);
+      if (eq19) {
+        ra::linear_eq19<T>(c.q.view().slice_tokens(t, n), c.k.view().slice_tokens(t, n), c.v.view().slice_tokens(t, n),
+                           out.view().slice_tokens(t, n), c.phi, {&c.feature_table, Style::rotate_half}, step, states);
+      } else {
+        ra::linear<T>(c.q.view().slice_tokens(t, n), c.k.view().slice_tokens(t, n), c.v.view().slice_tokens(t, n),
+                      out.view().slice_tokens(t, n), c.phi, step, {&c.table, Style::rotate_half}, states);
+      }
+    };
+    Heads<T> once(c.l, c.hq, c.dv, 0), pieces(c.l, c.hq, c.dv, 0);
+    call(0, c.l, once, nullptr);
+    std::vector<ra::LinearState<T>> states;
+    std::size_t t = 0;
+    for (const std::size_t n : {std::size_t{9}, std::size_t{5}}) {
+      call(t, n, pieces, &states);
+      t += n;
+    }
+    for (; t < c.l; ++t) call(t, 1, pieces, &states);
+    ASSERT_EQ(states.size(), c.hk);
+    for (std::size_t h = 0; h < c.hq; ++h) {
+      EXPECT_LE(at::relative_error(pieces.head(h), once.head(h)), 10 * tolerance<T>()) << "eq19 " << eq19 << " head " << h;
+    }
+    // The states remember where they are: a query before their last key is refused.
+    Heads<T> spare(c.l, c.hq, c.dv, 0);
+    EXPECT_THROW(call(3, 1, spare, &states), std::invalid_argument);
+  }
+}
+
+
+// Packed sequences equal one call per sequence: no attention across them.
+TYPED_TEST(LinearHeads, LinearSequencesEqualSeparateCalls) {
+  using T = TypeParam;
+  const LinearCase<T> c(71);
+  const auto& [table, feature_table, q, k, v, phi] = c;
+  const std::size_t split = 9;
+  for (const bool causal : {false, true}) {
+    ra::LinearOptions packed;
+    packed.causal = causal;
+    packed.chunk = 4;
+    for (std::size_t t = 0; t < c.l; ++t) {
+      packed.q_sequence.push_back(t < split ? 0 : 1);
+      packed.q_positions.push_back(static_cast<std::int64_t>(t < split ? t : t - split));
+    }
+    packed.k_sequence = packed.q_sequence;
+    packed.k_positions = packed.q_positions;
+    Heads<T> together(c.l, c.hq, c.dv, 0), apart(c.l, c.hq, c.dv, 0);
+    ra::linear<T>(q.view(), k.view(), v.view(), together.view(), phi, packed);
+    ra::LinearOptions alone;
+    alone.causal = causal;
+    alone.chunk = 4;
+    for (const auto& [t0, n] : {std::pair<std::size_t, std::size_t>{0, split}, {split, c.l - split}}) {
+      ra::linear<T>(q.view().slice_tokens(t0, n), k.view().slice_tokens(t0, n), v.view().slice_tokens(t0, n),
+                    apart.view().slice_tokens(t0, n), phi, alone);
+    }
+    for (std::size_t h = 0; h < c.hq; ++h) {
+      EXPECT_LE(at::relative_error(together.head(h), apart.head(h)), tolerance<T>()) << "causal " << causal;
+    }
+  }
+}
+
+
+TEST(LinearErrors, LinearStatesAreChecked) {
+  const LinearCase<double> c(91);
+  Heads<double> out = Heads<double>::filled(c.l, c.hq, c.dv, -3.0);
+  const auto untouched = out.data;
+  const auto message = [&](ra::LinearOptions o, std::vector<ra::LinearState<double>>* states) -> std::string {
+    try {
+      ra::linear<double>(c.q.view(), c.k.view(), c.v.view(), out.view(), c.phi, o, {}, states);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "no exception";
+  };
+  std::vector<ra::LinearState<double>> states;
+  ra::LinearOptions o;
+  EXPECT_NE(message(o, &states).find("states must be null unless options.causal"), std::string::npos);
+  o.causal = true;
+  std::vector<ra::LinearState<double>> three(3, ra::LinearState<double>(c.m, c.dv));
+  EXPECT_NE(message(o, &three).find("states->size() must be 0 or k.heads = 2, got 3"), std::string::npos);
+  std::vector<ra::LinearState<double>> narrow(2, ra::LinearState<double>(c.m / 2, c.dv));
+  EXPECT_NE(message(o, &narrow).find("states[0].features() must be the feature dimension 16, got 8"), std::string::npos);
+  EXPECT_TRUE(at::same_bytes(out.data, untouched));
+}
+
+}  // namespace heads
+}  // namespace
+
+// ---- eq. 19 feature tables, masks by position
+namespace {
+namespace edges {
+
+namespace at = attention_test;
+namespace ra = rope::attention;
+using at::Heads;
+using ra::Matrix;
+using ra::Rotation;
+using rope::Style;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+bool all_finite(const Matrix<double>& m) { return m.allFinite(); }
+template <class Row>
+bool has_nan(const Row& row) {
+  return row.array().isNaN().any();
+}
+
+
+// A feature rotation that asks for more channels than its table has is
+// refused by name (it used to read past the table).
+TEST(LinearEdges, Eq19RotationWiderThanItsTableIsRefused) {
+  const std::size_t l = 5, m = 16;
+  const rope::Table<double> narrow(rope::frequencies(4, 10000.0), 8);
+  const Matrix<double> f = ra::elu_plus_one(at::random_matrix<double>(l, m, 10));
+  const Matrix<double> v = at::random_matrix<double>(l, 2, 11);
+  const auto msg = rope_test::thrown_message([&] { ra::linear_eq19(f, f, v, Rotation<double>{&narrow, Style::rotate_half, m}); });
+  EXPECT_NE(msg.find("feature_rotation.rotary_dim must be <= the table's rotary_dim 4, got 16"), std::string::npos)
+      << msg;
+}
+
+
+// Eq. 19 rotates: a feature table with an attention factor gives the same
+// output as one without (the factor is divided out of the numerator).
+TEST(LinearEdges, Eq19DividesTheFeatureTablesAttentionFactorOut) {
+  const std::size_t l = 17, m = 8, dv = 3;
+  const auto plain = rope::frequencies(m, 10000.0);
+  rope::scaling::Custom custom;
+  custom.inv_freq = plain.inv_freq;
+  custom.attention_factor = 1.7;
+  const rope::Table<double> unit(plain, 32), scaled(rope::frequencies(m, 10000.0, custom), 32);
+  ASSERT_EQ(scaled.attention_factor(), 1.7);
+  const Matrix<double> fq = ra::elu_plus_one(at::random_matrix<double>(l, m, 12));
+  const Matrix<double> fk = ra::elu_plus_one(at::random_matrix<double>(l, m, 13));
+  const Matrix<double> v = at::random_matrix<double>(l, dv, 14);
+  for (const bool causal : {false, true}) {
+    ra::LinearOptions o;
+    o.causal = causal;
+    o.q_positions = o.k_positions = at::random_positions(l, 32, 15);
+    const Matrix<double> a = ra::linear_eq19(fq, fk, v, Rotation<double>{&unit}, o);
+    const Matrix<double> b = ra::linear_eq19(fq, fk, v, Rotation<double>{&scaled}, o);
+    EXPECT_LE(at::relative_error(b, a), 1e-13) << "causal " << causal;
+  }
+}
+
+
+// Causal linear attention masks by position, as softmax does: with rows out
+// of position order, a row sees the keys at or before its position, not the
+// rows above it.
+TEST(LinearEdges, CausalLinearMasksByPositionNotRowOrder) {
+  const std::size_t l = 6, m = 4, dv = 2;
+  const Matrix<double> fq = ra::elu_plus_one(at::random_matrix<double>(l, m, 16));
+  const Matrix<double> fk = ra::elu_plus_one(at::random_matrix<double>(l, m, 17));
+  const Matrix<double> v = at::random_matrix<double>(l, dv, 18);
+  ra::LinearOptions o;
+  o.causal = true;
+  o.chunk = 2;
+  o.q_positions = {5, 0, 3, 3, 1, 4};
+  o.k_positions = {5, 0, 3, 3, 1, 4};
+  const auto want = at::quadratic(at::to_ld(fq), at::to_ld(fq), at::to_ld(fk), at::to_ld(fk), at::to_ld(v), true,
+                                  1e-6L, o.q_positions, o.k_positions);
+  const auto index_order = at::quadratic(at::to_ld(fq), at::to_ld(fq), at::to_ld(fk), at::to_ld(fk), at::to_ld(v), true);
+  const Matrix<double> got = ra::linear(fq, fk, v, o);
+  EXPECT_LE(at::relative_error(got, want), 1e-12);
+  EXPECT_GT(at::relative_error(got, index_order), 1e-3);  // the two masks differ here
+  // Row 0 (position 5) sees all six keys: the non-causal result.
+  ra::LinearOptions all;
+  EXPECT_LE(at::relative_error(got.row(0), Matrix<double>(ra::linear(fq, fk, v, all).row(0))), 1e-12);
+}
+
+}  // namespace edges
 }  // namespace

@@ -17,6 +17,12 @@
 
 #include "attention_oracle.hpp"
 #include "support.hpp"
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <type_traits>
+#include "attention_heads.hpp"
 
 namespace {
 
@@ -245,4 +251,308 @@ TEST(Softmax, BadInputThrowsAndWritesNothing) {
   EXPECT_EQ(ob, untouched);
 }
 
+}  // namespace
+
+// ---- masks by position, decoding against a KV cache, softmax_step
+namespace {
+namespace decode {
+
+namespace at = attention_test;
+namespace ra = rope::attention;
+using at::Heads;
+using ra::Matrix;
+using ra::Rotation;
+using rope::Style;
+using rope::View;
+
+template <class T>
+class SoftmaxDecode : public ::testing::Test {};
+using Scalars = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(SoftmaxDecode, Scalars, rope_test::ScalarNames);
+
+template <class T>
+double tolerance() {
+  return at::exact_tolerance<T>();
+}
+
+// max |got - want| / max |want| over one head of an output tensor.
+template <class T>
+double head_error(const Heads<T>& out, std::size_t h, const at::Mat& want) {
+  return at::relative_error(out.head(h), want);
+}
+
+
+// Sliding windows and packed sequences, causal or not, keys sorted (tiles cut
+// at each query's range) or shuffled (entry by entry), every block size,
+// grouped-query views: each head equals the naive softmax with the mask.
+TYPED_TEST(SoftmaxDecode, SoftmaxMasksMatchNaive) {
+  using T = TypeParam;
+  const std::size_t l = 37, hq = 4, hk = 2, d = 16, dv = 8, group = hq / hk;
+  const auto freqs = rope::frequencies(d, 10000.0);
+  const rope::Table<T> table(freqs, 64);
+  const Heads<T> q(l, hq, d, 1), k(l, hk, d, 2), v(l, hk, dv, 3);
+  // Two packed sequences of 15 and 22 tokens, each from position 0.
+  std::vector<std::int64_t> pos(l), seq(l);
+  for (std::size_t t = 0; t < l; ++t) {
+    seq[t] = t < 15 ? 0 : 1;
+    pos[t] = static_cast<std::int64_t>(t < 15 ? t : t - 15);
+  }
+  std::vector<std::size_t> order(l);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::mt19937 gen(4);
+  for (const bool shuffled : {false, true}) {
+    if (shuffled) std::shuffle(order.begin(), order.end(), gen);
+    // Token t of the call is token order[t] of the packed batch.
+    Heads<T> qs = q, ks = k, vs = v;
+    std::vector<std::int64_t> ps(l), ss(l);
+    for (std::size_t t = 0; t < l; ++t) {
+      std::copy_n(&q.data[order[t] * hq * d], hq * d, &qs.data[t * hq * d]);
+      std::copy_n(&k.data[order[t] * hk * d], hk * d, &ks.data[t * hk * d]);
+      std::copy_n(&v.data[order[t] * hk * dv], hk * dv, &vs.data[t * hk * dv]);
+      ps[t] = pos[order[t]];
+      ss[t] = seq[order[t]];
+    }
+    for (const bool causal : {false, true}) {
+      for (const std::size_t window : {std::size_t{0}, std::size_t{1}, std::size_t{5}}) {
+        ra::SoftmaxOptions o;
+        o.causal = causal;
+        o.window = window;
+        o.q_positions = o.k_positions = ps;
+        o.q_sequence = o.k_sequence = ss;
+        const auto visible = [&](std::size_t i, std::size_t j) {
+          if (ss[i] != ss[j]) return false;
+          if (causal && ps[j] > ps[i]) return false;
+          return window == 0 || ps[j] > ps[i] - static_cast<std::int64_t>(window);
+        };
+        for (const std::size_t block : {std::size_t{1}, std::size_t{3}, std::size_t{8}, std::size_t{37}, std::size_t{256}}) {
+          o.block = block;
+          Heads<T> out = Heads<T>::filled(l, hq, dv, T(-7));
+          ra::softmax<T>(qs.view(), ks.view(), vs.view(), out.view(), Rotation<T>{&table, Style::block_diagonal}, o);
+          for (std::size_t h = 0; h < hq; ++h) {
+            const auto want = at::naive_softmax_masked(qs.head_ld(h), ks.head_ld(h / group), vs.head_ld(h / group),
+                                                       freqs.inv_freq, Style::block_diagonal, ps, ps,
+                                                       1.0L / std::sqrt(at::LD(d)), visible);
+            EXPECT_LE(head_error(out, h, want), tolerance<T>())
+                << "shuffled " << shuffled << " causal " << causal << " window " << window << " block " << block
+                << " head " << h;
+          }
+        }
+      }
+    }
+  }
+}
+
+
+// Decoding: the cache holds keys rotated once (rope::apply); one query at
+// position t against the cache's first t + 1 keys, or against all of it with
+// the causal mask, equals row t of the full causal prefill.
+TYPED_TEST(SoftmaxDecode, DecodeAgainstRotatedCacheEqualsPrefillRows) {
+  using T = TypeParam;
+  const std::size_t l = 29, hq = 6, hk = 2, d = 16, dv = 8;
+  const rope::Table<T> table(rope::frequencies(d, 10000.0), 64);
+  const Heads<T> q(l, hq, d, 11), k(l, hk, d, 12), v(l, hk, dv, 13);
+  for (const Style style : {Style::rotate_half, Style::block_diagonal}) {
+    const Rotation<T> rotation{&table, style};
+    ra::SoftmaxOptions o;
+    o.causal = true;
+    o.block = 8;
+    Heads<T> full(l, hq, dv, 0);
+    ra::softmax<T>(q.view(), k.view(), v.view(), full.view(), rotation, o);
+    Heads<T> cache(l, hk, d, 0);
+    rope::apply<T>(k.view(), cache.view(), table, style, 0);
+    for (std::size_t t = 0; t < l; ++t) {
+      ra::SoftmaxOptions step;
+      step.causal = true;
+      step.keys_rotated = true;
+      step.q_offset = static_cast<std::int64_t>(t);
+      const auto q_t = q.view().slice_tokens(t, 1);
+      for (const bool whole_cache : {false, true}) {
+        const std::size_t visible = whole_cache ? l : t + 1;
+        Heads<T> out(1, hq, dv, 0);
+        ra::softmax<T>(q_t, View<const T>(cache.view()).slice_tokens(0, visible), v.view().slice_tokens(0, visible),
+                       out.view(), rotation, step);
+        for (std::size_t h = 0; h < hq; ++h) {
+          for (std::size_t c = 0; c < dv; ++c) {
+            EXPECT_NEAR(out.at(0, h, c), full.at(t, h, c), 20 * tolerance<T>())
+                << rope::name(style) << " token " << t << " head " << h << " whole cache " << whole_cache;
+          }
+        }
+      }
+    }
+  }
+}
+
+
+// softmax_step: a prefill in chunks, then one token at a time, fills the
+// cache with exactly rope::apply's rotated keys and gives the rows of the
+// one-shot causal call.
+TYPED_TEST(SoftmaxDecode, SoftmaxStepsEqualOneShot) {
+  using T = TypeParam;
+  const std::size_t l = 26, hq = 4, hk = 1, d = 16, dv = 4;
+  const rope::Table<T> table(rope::frequencies(d, 10000.0), 64);
+  const Rotation<T> rotation{&table, Style::rotate_half};
+  const Heads<T> q(l, hq, d, 21), k(l, hk, d, 22), v(l, hk, dv, 23);
+  ra::SoftmaxOptions o;
+  o.causal = true;
+  o.block = 16;
+  Heads<T> full(l, hq, dv, 0);
+  ra::softmax<T>(q.view(), k.view(), v.view(), full.view(), rotation, o);
+
+  Heads<T> k_cache = Heads<T>::filled(l + 3, hk, d, T(0)), v_cache = Heads<T>::filled(l + 3, hk, dv, T(0));
+  ra::KvCache<T> cache{k_cache.view(), v_cache.view(), 0};
+  Heads<T> out(l, hq, dv, 0);
+  const std::size_t chunks[] = {10, 7, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  std::size_t t = 0;
+  for (const std::size_t n : chunks) {
+    ra::softmax_step<T>(q.view().slice_tokens(t, n), k.view().slice_tokens(t, n), v.view().slice_tokens(t, n), cache,
+                        out.view().slice_tokens(t, n), rotation, o);
+    t += n;
+    EXPECT_EQ(cache.length, t);
+  }
+  ASSERT_EQ(t, l);
+  for (std::size_t i = 0; i < l; ++i) {
+    for (std::size_t h = 0; h < hq; ++h) {
+      for (std::size_t c = 0; c < dv; ++c) EXPECT_NEAR(out.at(i, h, c), full.at(i, h, c), 20 * tolerance<T>());
+    }
+  }
+  Heads<T> rotated(l, hk, d, 0);
+  rope::apply<T>(k.view(), rotated.view(), table, Style::rotate_half, 0);
+  EXPECT_EQ(std::memcmp(k_cache.data.data(), rotated.data.data(), rotated.data.size() * sizeof(T)), 0);
+  EXPECT_EQ(std::memcmp(v_cache.data.data(), v.data.data(), v.data.size() * sizeof(T)), 0);
+  // The three spare slots are untouched.
+  for (std::size_t i = l * hk * d; i < k_cache.data.size(); ++i) EXPECT_EQ(k_cache.data[i], T(0));
+
+  // A full cache refuses a step and writes nothing.
+  const auto before = k_cache.data;
+  ra::KvCache<T> full_cache{k_cache.view(), v_cache.view(), l + 3};
+  EXPECT_THROW(ra::softmax_step<T>(q.view().slice_tokens(0, 1), k.view().slice_tokens(0, 1), v.view().slice_tokens(0, 1),
+                                   full_cache, out.view().slice_tokens(0, 1), rotation, o),
+               std::invalid_argument);
+  EXPECT_TRUE(at::same_bytes(before, k_cache.data));
+}
+
+
+// softmax_step with positions given for the new tokens (a gap after the
+// prompt) and with the cache starting at k_offset: the same as one call
+// with those positions.
+TYPED_TEST(SoftmaxDecode, SoftmaxStepsWithGivenPositions) {
+  using T = TypeParam;
+  const std::size_t l = 12, hq = 2, hk = 1, d = 8, dv = 4, prompt = 9;
+  const rope::Table<T> table(rope::frequencies(d, 10000.0), 64);
+  const Rotation<T> rotation{&table, Style::block_diagonal};
+  const Heads<T> q(l, hq, d, 24), k(l, hk, d, 25), v(l, hk, dv, 26);
+  std::vector<std::int64_t> positions(l);
+  for (std::size_t t = 0; t < l; ++t) positions[t] = static_cast<std::int64_t>(t < prompt ? 3 + t : 30 + t);
+  ra::SoftmaxOptions o;
+  o.causal = true;
+  o.q_positions = o.k_positions = positions;
+  Heads<T> full(l, hq, dv, 0);
+  ra::softmax<T>(q.view(), k.view(), v.view(), full.view(), rotation, o);
+
+  Heads<T> k_cache(l, hk, d, 0), v_cache(l, hk, dv, 0), out(l, hq, dv, 0);
+  ra::KvCache<T> cache{k_cache.view(), v_cache.view(), 0};
+  ra::SoftmaxOptions step;
+  step.causal = true;
+  step.k_offset = 3;  // the prompt's positions 3 .. 11, from the offset
+  ra::softmax_step<T>(q.view().slice_tokens(0, prompt), k.view().slice_tokens(0, prompt),
+                      v.view().slice_tokens(0, prompt), cache, out.view().slice_tokens(0, prompt), rotation, step);
+  for (std::size_t t = prompt; t < l; ++t) {
+    step.q_positions = {positions[t]};  // past a gap: given
+    ra::softmax_step<T>(q.view().slice_tokens(t, 1), k.view().slice_tokens(t, 1), v.view().slice_tokens(t, 1), cache,
+                        out.view().slice_tokens(t, 1), rotation, step);
+  }
+  for (std::size_t h = 0; h < hq; ++h) EXPECT_LE(at::relative_error(out.head(h), full.head_ld(h)), 20 * tolerance<T>());
+}
+
+
+// K given already rotated equals K rotated inside.
+TYPED_TEST(SoftmaxDecode, KeysRotatedEqualsRotatingInside) {
+  using T = TypeParam;
+  const std::size_t l = 20, hq = 4, hk = 2, d = 8, dv = 8;
+  const rope::Table<T> table(rope::frequencies(d, 10000.0), 32);
+  const Heads<T> q(l, hq, d, 31), k(l, hk, d, 32), v(l, hk, dv, 33);
+  Heads<T> rotated(l, hk, d, 0);
+  rope::apply<T>(k.view(), rotated.view(), table, Style::rotate_half, 0);
+  ra::SoftmaxOptions o;
+  o.causal = true;
+  Heads<T> a(l, hq, dv, 0), b(l, hq, dv, 0);
+  ra::softmax<T>(q.view(), k.view(), v.view(), a.view(), {&table, Style::rotate_half}, o);
+  o.keys_rotated = true;
+  ra::softmax<T>(q.view(), rotated.view(), v.view(), b.view(), {&table, Style::rotate_half}, o);
+  for (std::size_t h = 0; h < hq; ++h) EXPECT_LE(at::relative_error(b.head(h), a.head(h)), tolerance<T>());
+}
+
+}  // namespace decode
+}  // namespace
+
+// ---- views that must be refused, blocks past any matrix
+namespace {
+namespace edges {
+
+namespace at = attention_test;
+namespace ra = rope::attention;
+using at::Heads;
+using ra::Matrix;
+using ra::Rotation;
+using rope::Style;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+bool all_finite(const Matrix<double>& m) { return m.allFinite(); }
+template <class Row>
+bool has_nan(const Row& row) {
+  return row.array().isNaN().any();
+}
+
+
+// The multi-head softmax refuses an output that shares memory with an input
+// or whose heads collapse onto one row, and writes nothing.
+TEST(SoftmaxEdges, SoftmaxViewsRefuseOverlappingOutputs) {
+  const std::size_t l = 4, d = 4;
+  Heads<double> q(l, 2, d, 19), k(l, 1, d, 20), v(l, 1, d, 21);
+  Heads<double> out = Heads<double>::filled(l, 2, d, -5.0);
+  const auto q_before = q.data, v_before = v.data, out_before = out.data;
+  const auto run = [&](rope::View<double> o) {
+    return rope_test::thrown_message([&] { ra::softmax<double>(q.view(), k.view(), v.view(), o); });
+  };
+  EXPECT_NE(run(q.view()).find("out must be disjoint from q"), std::string::npos);
+  EXPECT_NE(run(rope::View<double>(v.data.data(), l, 2, d, d, 0)).find("out.head_stride must be >= 4"),
+            std::string::npos);
+  EXPECT_NE(run(rope::View<double>(out.data.data(), l, 2, d, 2 * d, 0)).find("out.head_stride must be >= 4"),
+            std::string::npos);
+  const rope::View<double> over_v(v.data.data(), l, 2, 2, d, 2);  // inside v's rows
+  EXPECT_NE(rope_test::thrown_message([&] {
+              ra::softmax<double>(q.view(), k.view(), rope::View<const double>(v.data.data(), l, 1, 2, d, 2), over_v);
+            }).find("disjoint from v"),
+            std::string::npos);
+  EXPECT_TRUE(at::same_bytes(q.data, q_before));
+  EXPECT_TRUE(at::same_bytes(v.data, v_before));
+  EXPECT_TRUE(at::same_bytes(out.data, out_before));
+}
+
+
+// Block and chunk sizes beyond any matrix mean "everything in one block".
+TEST(SoftmaxEdges, HugeBlocksAndChunksAreOneBlock) {
+  const std::size_t l = 12, d = 4, dv = 2;
+  const Matrix<double> q = at::random_matrix<double>(l, d, 22), k = at::random_matrix<double>(l, d, 23);
+  const Matrix<double> v = at::random_matrix<double>(l, dv, 24);
+  for (const std::size_t huge : {std::size_t{1} << 63, std::numeric_limits<std::size_t>::max()}) {
+    ra::SoftmaxOptions so, so_l;
+    so.causal = so_l.causal = true;
+    so.block = huge;
+    so_l.block = l;
+    EXPECT_LE(at::relative_error(ra::softmax(q, k, v, {}, so), ra::softmax(q, k, v, {}, so_l)), 1e-15);
+    ra::LinearOptions lo, lo_l;
+    lo.causal = lo_l.causal = true;
+    lo.chunk = huge;
+    lo_l.chunk = l;
+    const Matrix<double> fq = ra::elu_plus_one(q), fk = ra::elu_plus_one(k);
+    EXPECT_LE(at::relative_error(ra::linear(fq, fk, v, lo), ra::linear(fq, fk, v, lo_l)), 1e-15);
+  }
+  // A feature count is not a feature map: no implicit conversion.
+  static_assert(!std::is_convertible<std::size_t, ra::FavorFeatures>::value, "FavorFeatures(size_t) is explicit");
+}
+
+}  // namespace edges
 }  // namespace

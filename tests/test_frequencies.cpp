@@ -13,6 +13,8 @@
 #include <rope/frequencies.hpp>
 
 #include "support.hpp"
+#include <cstring>
+#include <functional>
 
 namespace {
 
@@ -568,4 +570,180 @@ TEST(Scaling, RotaryDimAndBaseAreCheckedWhateverTheVariant) {
   EXPECT_NE(msg.find("got 0.5"), std::string::npos) << msg;
 }
 
+}  // namespace
+
+// ---- Bad input: every refusal names its argument and writes nothing (docs/errors.md).
+namespace {
+namespace frequency_errors {
+namespace scaling = rope::scaling;
+[[maybe_unused]] constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+[[maybe_unused]] constexpr double kInf = std::numeric_limits<double>::infinity();
+using rope_test::expect_names;
+using rope_test::message_of;
+
+void expect_rejected(const rope::Scaling& scaling, const std::string& argument, const std::string& value,
+                     std::size_t rotary_dim = 64, std::size_t seq_len = 0) {
+  SCOPED_TRACE(argument + " = " + value);
+  const auto msg = message_of<std::invalid_argument>(
+      [&] { rope::frequencies(rotary_dim, 10000.0, scaling, seq_len); });
+  expect_names(msg, argument, value);
+}
+
+TEST(FrequenciesErrors, FrequenciesRotaryDimAndBase) {
+  for (std::size_t r : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{127},
+                        std::numeric_limits<std::size_t>::max()}) {
+    const auto msg = message_of<std::invalid_argument>([&] { rope::frequencies(r); });
+    expect_names(msg, "rotary_dim", std::to_string(r));
+  }
+  const std::pair<double, const char*> bases[] = {{1.0, "1"},     {0.5, "0.5"}, {0.0, "0"},
+                                                  {-10.0, "-10"}, {kNaN, "nan"}, {kInf, "inf"},
+                                                  {-kInf, "-inf"}};
+  for (const auto& bad : bases) {
+    const double base = bad.first;  // a named copy: lambdas cannot capture a structured binding in C++17
+    const auto msg = message_of<std::invalid_argument>([&] { rope::frequencies(64, base); });
+    expect_names(msg, "base", bad.second);
+  }
+}
+
+// A factor of every variant: zero (the default of a forgotten field),
+// negative, NaN and infinite are rejected by name.
+TEST(FrequenciesErrors, ScalingFactors) {
+  const std::pair<double, const char*> bad[] = {{0.0, "0"}, {-2.0, "-2"}, {kNaN, "nan"}, {kInf, "inf"}};
+  for (const auto& [v, text] : bad) {
+    expect_rejected(scaling::Linear{v}, "scaling::Linear::factor", text);
+    expect_rejected(scaling::Ntk{v}, "scaling::Ntk::factor", text);
+    expect_rejected(scaling::DynamicNtk{v, 4096}, "scaling::DynamicNtk::factor", text, 64, 8192);
+    scaling::Yarn yarn;
+    yarn.factor = v;
+    yarn.original_max_positions = 4096;
+    expect_rejected(yarn, "scaling::Yarn::factor", text);
+    scaling::Llama3 llama;
+    llama.factor = v;
+    expect_rejected(llama, "scaling::Llama3::factor", text);
+  }
+  // Fields left at their defaults of 0.
+  expect_rejected(scaling::Linear{}, "scaling::Linear::factor", "0");
+  expect_rejected(scaling::Ntk{}, "scaling::Ntk::factor", "0");
+  expect_rejected(scaling::Yarn{}, "scaling::Yarn::factor", "0");
+}
+
+TEST(FrequenciesErrors, ScalingLengthsAndShapes) {
+  expect_rejected(scaling::DynamicNtk{2.0, 0}, "scaling::DynamicNtk::original_max_positions", "0");
+  // NTK's exponent r/(r-2) needs rotary_dim > 2.
+  expect_rejected(scaling::Ntk{2.0}, "rotary_dim", "2", 2);
+  expect_rejected(scaling::DynamicNtk{2.0, 16}, "rotary_dim", "2", 2, 32);
+
+  scaling::Yarn yarn;
+  yarn.factor = 4.0;
+  expect_rejected(yarn, "scaling::Yarn::original_max_positions", "0");
+  yarn.original_max_positions = 4096;
+  for (auto [field, member] : {std::pair{"scaling::Yarn::beta_fast", &scaling::Yarn::beta_fast},
+                               std::pair{"scaling::Yarn::beta_slow", &scaling::Yarn::beta_slow}}) {
+    auto y = yarn;
+    y.*member = 0.0;
+    expect_rejected(y, field, "0");
+    y.*member = kNaN;
+    expect_rejected(y, field, "nan");
+  }
+  {
+    auto y = yarn;
+    y.mscale = kNaN;
+    expect_rejected(y, "scaling::Yarn::mscale", "nan");
+    y = yarn;
+    y.mscale_all_dim = kInf;
+    expect_rejected(y, "scaling::Yarn::mscale_all_dim", "inf");
+    y = yarn;
+    y.attention_factor = -1.0;
+    expect_rejected(y, "scaling::Yarn::attention_factor", "-1");
+  }
+
+  scaling::Llama3 llama;
+  llama.low_freq_factor = 0.0;
+  expect_rejected(llama, "scaling::Llama3::low_freq_factor", "0");
+  llama = scaling::Llama3{};
+  llama.high_freq_factor = kNaN;
+  expect_rejected(llama, "scaling::Llama3::high_freq_factor", "nan");
+  llama = scaling::Llama3{};
+  llama.original_max_positions = 0;
+  expect_rejected(llama, "scaling::Llama3::original_max_positions", "0");
+
+  scaling::LongRope lr;
+  lr.short_factor.assign(32, 1.0);
+  lr.long_factor.assign(32, 2.0);
+  lr.original_max_positions = 4096;
+  lr.max_positions = 131072;
+  ASSERT_NO_THROW(rope::frequencies(64, 10000.0, lr, 8192));
+  {
+    auto b = lr;
+    b.short_factor.resize(31);
+    expect_rejected(b, "scaling::LongRope::short_factor.size()", "31");
+    b = lr;
+    b.long_factor.resize(33, 1.0);
+    expect_rejected(b, "scaling::LongRope::long_factor.size()", "33");
+    b = lr;
+    b.long_factor[7] = 0.0;
+    expect_rejected(b, "scaling::LongRope::long_factor[7]", "0");
+    b = lr;
+    b.short_factor[31] = kNaN;
+    expect_rejected(b, "scaling::LongRope::short_factor[31]", "nan");
+    b = lr;
+    b.original_max_positions = 1;
+    expect_rejected(b, "scaling::LongRope::original_max_positions", "1");
+    b = lr;
+    b.max_positions = 0;
+    expect_rejected(b, "scaling::LongRope::max_positions", "0");
+    b = lr;
+    b.factor = 0.0;
+    expect_rejected(b, "scaling::LongRope::factor", "0");
+    b = lr;
+    b.attention_factor = -2.0;
+    expect_rejected(b, "scaling::LongRope::attention_factor", "-2");
+  }
+
+  for (const double prf : {-0.25, 1.5, kNaN}) {
+    expect_rejected(scaling::Proportional{prf, 1.0}, "scaling::Proportional::partial_rotary_factor",
+                    rope::detail::to_text(prf));
+  }
+  expect_rejected(scaling::Proportional{0.25, 0.0}, "scaling::Proportional::factor", "0");
+  expect_rejected(scaling::Proportional{0.25, kInf}, "scaling::Proportional::factor", "inf");
+
+  scaling::Custom custom;
+  custom.inv_freq.assign(32, 0.5);
+  ASSERT_NO_THROW(rope::frequencies(64, 10000.0, custom));
+  {
+    auto b = custom;
+    b.inv_freq.resize(5);
+    expect_rejected(b, "scaling::Custom::inv_freq.size()", "5");
+    b = custom;
+    b.inv_freq[3] = -1.0;
+    expect_rejected(b, "scaling::Custom::inv_freq[3]", "-1");
+    b = custom;
+    b.inv_freq[0] = kInf;
+    expect_rejected(b, "scaling::Custom::inv_freq[0]", "inf");
+    b = custom;
+    b.attention_factor = 0.0;
+    expect_rejected(b, "scaling::Custom::attention_factor", "0");
+  }
+}
+
+// rotary_dim and base are checked before any variant's fields.
+TEST(FrequenciesErrors, RotaryDimAndBaseAreCheckedFirst) {
+  const auto msg = message_of<std::invalid_argument>([] { rope::frequencies(7, 10000.0, scaling::Linear{}); });
+  expect_names(msg, "rotary_dim", "7");
+  const auto msg2 = message_of<std::invalid_argument>([] { rope::frequencies(8, 0.5, scaling::Linear{}); });
+  expect_names(msg2, "base", "0.5");
+}
+
+// A scaling whose fields are each valid but whose result overflows is refused.
+TEST(FrequenciesErrors, ScalingThatOverflowsInvFreqIsRefused) {
+  try {
+    rope::frequencies(4, 10000.0, rope::scaling::Linear{1e-310});
+    FAIL() << "no exception";
+  } catch (const rope::invalid_argument& e) {
+    EXPECT_EQ(e.function(), "rope::frequencies");
+    EXPECT_NE(std::string(e.what()).find("inv_freq[0] = inf"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace frequency_errors
 }  // namespace

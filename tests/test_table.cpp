@@ -11,6 +11,10 @@
 #include <vector>
 
 #include <rope/table.hpp>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include "support.hpp"
 
 namespace {
 
@@ -193,4 +197,37 @@ TEST(Table, ScaledFrequenciesAndTheirAttentionFactorReachTheTable) {
   }
 }
 
+}  // namespace
+
+// ---- Bad input: every refusal names its argument and writes nothing (docs/errors.md).
+namespace {
+namespace table_errors {
+namespace scaling = rope::scaling;
+[[maybe_unused]] constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+[[maybe_unused]] constexpr double kInf = std::numeric_limits<double>::infinity();
+using rope_test::expect_names;
+using rope_test::message_of;
+
+TEST(TableErrors, TableRejectsEmptyFrequencies) {
+  const auto msg = message_of<std::invalid_argument>([] { rope::Table<float>(rope::Frequencies{}, 16); });
+  EXPECT_NE(msg.find("inv_freq"), std::string::npos) << msg;
+}
+
+// positions * rotary_dim must not wrap around: a table too large for memory
+// is refused by name, never allocated short and written past its end.
+TEST(TableErrors, TableRefusesASizeThatOverflows) {
+  const std::size_t positions = std::numeric_limits<std::size_t>::max() / 4 + 1;  // * 4 wraps to 0
+  try {
+    rope::Table<float> table(rope::frequencies(4), positions);
+    FAIL() << "no exception";
+  } catch (const rope::invalid_argument& e) {
+    EXPECT_EQ(e.function(), "rope::Table");
+    EXPECT_EQ(e.argument(), "positions");
+    EXPECT_NE(std::string(e.what()).find("positions must be at most"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("got " + std::to_string(positions)), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace table_errors
 }  // namespace
