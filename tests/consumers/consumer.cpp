@@ -1,7 +1,10 @@
 // The program every consumer project builds against rope::rope: it fails
-// (exit 1) unless the rotation preserves the relative-position property
-// <R_m q, R_n k> = <q, R_(n-m) k>. The core must not need Eigen: it fails to
-// compile if <rope/rope.hpp> pulls Eigen in.
+// (exit 1) unless the rotation gives the closed form at a few positions
+// (unit vector e_p at position m -> cos(m theta_p) e_p + sin(m theta_p)
+// e_(p + r/2), theta_p = 10000^(-2p/r)) and preserves the relative-position
+// property <R_m q, R_n k> = <q, R_(n-m) k>, which a rotation that does
+// nothing would also pass. The core must not need Eigen: it fails to compile
+// if <rope/rope.hpp> pulls Eigen in.
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -32,5 +35,20 @@ int main() {
   }
   std::printf("rope %d: <R_m q, R_n k> = %.6f, <q, R_(n-m) k> = %.6f\n", rope::kVersion, absolute,
               relative);
-  return std::fabs(absolute - relative) < 1e-4 ? 0 : 1;
+  if (std::fabs(absolute - relative) >= 1e-4) return 1;
+  // Known values: e_p at position m, against cos and sin in double.
+  for (const std::size_t p : {0u, 5u, 31u}) {
+    for (const std::size_t position : {1u, 17u, 63u}) {
+      std::vector<float> e(head_dim, 0.0f), y(head_dim);
+      e[p] = 1.0f;
+      rope::rotate<rope::Style::rotate_half>(e.data(), y.data(), table.cos(position), table.sin(position), head_dim);
+      const double angle = double(position) * std::pow(10000.0, -2.0 * double(p) / double(head_dim));
+      if (std::fabs(y[p] - std::cos(angle)) > 1e-6 || std::fabs(y[p + head_dim / 2] - std::sin(angle)) > 1e-6) {
+        std::printf("rope: e_%zu at position %zu is (%.7f, %.7f), the closed form (%.7f, %.7f)\n", p, position,
+                    double(y[p]), double(y[p + head_dim / 2]), std::cos(angle), std::sin(angle));
+        return 1;
+      }
+    }
+  }
+  return 0;
 }

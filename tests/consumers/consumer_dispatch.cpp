@@ -1,7 +1,9 @@
 // The program consumer projects build against rope::dispatch, with their own
 // (baseline) flags: it fails (exit 1) unless dispatch installs an
-// instruction set this CPU runs and rope::apply, run through it, keeps the
-// relative-position property <R_m q, R_n k> = <q, R_(n-m) k>.
+// instruction set this CPU runs and rope::apply, run through it, gives the
+// closed form at a few positions (e_p at position m -> cos(m theta_p) e_p +
+// sin(m theta_p) e_(p + r/2)) and keeps the relative-position property
+// <R_m q, R_n k> = <q, R_(n-m) k>.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -37,5 +39,19 @@ int main() {
   }
   std::printf("rope::dispatch runs %s: <R_m q, R_n k> = %.6f, <q, R_(n-m) k> = %.6f\n", arch.c_str(), absolute,
               relative);
-  return std::fabs(absolute - relative) < 1e-4 ? 0 : 1;
+  if (std::fabs(absolute - relative) >= 1e-4) return 1;
+  for (const std::size_t p : {0u, 9u, 63u}) {
+    for (const std::int64_t position : {1, 17, 63}) {
+      std::vector<float> e(head_dim, 0.0f);
+      e[p] = 1.0f;
+      const auto y = rotated(e, position);
+      const double angle = double(position) * std::pow(10000.0, -2.0 * double(p) / double(head_dim));
+      if (std::fabs(y[p] - std::cos(angle)) > 1e-6 || std::fabs(y[p + head_dim / 2] - std::sin(angle)) > 1e-6) {
+        std::printf("rope::dispatch: e_%zu at position %lld differs from the closed form\n", p,
+                    static_cast<long long>(position));
+        return 1;
+      }
+    }
+  }
+  return 0;
 }

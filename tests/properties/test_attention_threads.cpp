@@ -48,23 +48,7 @@ double head_error(const Heads<T>& out, std::size_t h, const at::Mat& want) {
 
 
 
-// A grouped-query layer for the linear cases: tensors, FAVOR+ features and
-// the tables of both rotations (d channels pre-phi, m features for eq. 19).
-template <class T>
-struct LinearCase {
-  static constexpr std::size_t l = 23, hq = 4, hk = 2, d = 8, dv = 4, m = 16;
-  const rope::Table<T> table{rope::frequencies(d, 10000.0), 64};
-  const rope::Table<T> feature_table{rope::frequencies(m, 10000.0), 64};
-  const Heads<T> q, k, v;
-  const ra::FavorFeatures phi{d, features(m)};
-
-  explicit LinearCase(std::uint32_t seed) : q(l, hq, d, seed), k(l, hk, d, seed + 1), v(l, hk, dv, seed + 2) {}
-  static ra::FavorOptions features(std::size_t count) {
-    ra::FavorOptions fo;
-    fo.features = count;
-    return fo;
-  }
-};
+using at::LinearCase;
 
 
 // Threads split (key/value head, query block) items, each computed the same
