@@ -70,6 +70,8 @@ TEST(HfConfig, EveryConfigMatchesTheReference) {
     SCOPED_TRACE(file);
     const rope::hf::ModelRope m = rope::hf::load(config_path(file));
     EXPECT_EQ(m.model_type, e.at("model_type").get<std::string>());
+    EXPECT_EQ(m.family, e.at("family").get<std::string>());
+    EXPECT_TRUE(m.guessed.empty());
     EXPECT_EQ(m.style, style_of(e));
     EXPECT_TRUE(m.style_known);
     EXPECT_EQ(m.rotary_offset, e.at("rotary_offset").get<std::size_t>());
@@ -91,6 +93,13 @@ TEST(HfConfig, EveryConfigMatchesTheReference) {
       const auto& kind = m.layer(layer);
       EXPECT_EQ(kind.rotates, probe.at("rotates").get<bool>());
       EXPECT_EQ(kind.head_dim, probe.at("head_dim").get<std::size_t>());
+      EXPECT_EQ(kind.layer_type, probe.at("layer_type").get<std::string>());
+      EXPECT_EQ(kind.style, style_of(e));
+      EXPECT_EQ(kind.rotary_offset, e.at("rotary_offset").get<std::size_t>());
+      expect_relative(kind.softmax_scale, e.at("softmax_scale").get<double>(), "kind softmax_scale");
+      const std::size_t switch_length = probe.at("seq_len_switch");
+      EXPECT_EQ(m.seq_len_dependence(layer).depends, switch_length != 0);
+      EXPECT_EQ(m.seq_len_dependence(layer).switch_length, switch_length);
       if (!kind.rotates) {
         EXPECT_THROW(m.frequencies(layer, seq_len), std::invalid_argument);
         continue;
