@@ -70,6 +70,8 @@ TEST(HfConfig, EveryConfigMatchesTheReference) {
     SCOPED_TRACE(file);
     const rope::hf::ModelRope m = rope::hf::load(config_path(file));
     EXPECT_EQ(m.model_type, e.at("model_type").get<std::string>());
+    EXPECT_EQ(m.family, e.at("family").get<std::string>());
+    EXPECT_TRUE(m.guessed.empty());
     EXPECT_EQ(m.style, style_of(e));
     EXPECT_TRUE(m.style_known);
     EXPECT_EQ(m.rotary_offset, e.at("rotary_offset").get<std::size_t>());
@@ -91,6 +93,13 @@ TEST(HfConfig, EveryConfigMatchesTheReference) {
       const auto& kind = m.layer(layer);
       EXPECT_EQ(kind.rotates, probe.at("rotates").get<bool>());
       EXPECT_EQ(kind.head_dim, probe.at("head_dim").get<std::size_t>());
+      EXPECT_EQ(kind.layer_type, probe.at("layer_type").get<std::string>());
+      EXPECT_EQ(kind.style, style_of(e));
+      EXPECT_EQ(kind.rotary_offset, e.at("rotary_offset").get<std::size_t>());
+      expect_relative(kind.softmax_scale, e.at("softmax_scale").get<double>(), "kind softmax_scale");
+      const std::size_t switch_length = probe.at("seq_len_switch");
+      EXPECT_EQ(m.seq_len_dependence(layer).depends, switch_length != 0);
+      EXPECT_EQ(m.seq_len_dependence(layer).switch_length, switch_length);
       if (!kind.rotates) {
         EXPECT_THROW(m.frequencies(layer, seq_len), std::invalid_argument);
         continue;
@@ -340,15 +349,85 @@ TEST(HfConfig, LayersPathsAndPairingOverride) {
   }
   const std::string path = config_path("llama3_1_8b.json");
   EXPECT_EQ(rope::hf::parse(read_file(path)).frequencies(0).inv_freq, rope::hf::load(path).frequencies(0).inv_freq);
-  // A model type rope does not know gets rotate_half, flagged as assumed,
-  // unless the caller names the pairing.
+  // A model type rope does not know is refused by name, saying how to
+  // proceed; ParseOptions::generic reads it as a plain decoder and says what
+  // was guessed; ParseOptions::style asserts its pairing; ParseOptions::family
+  // reads it as a known family.
   const std::string unknown = R"({"model_type": "my_model", "hidden_size": 512, "num_attention_heads": 8})";
-  EXPECT_FALSE(rope::hf::parse(unknown).style_known);
-  EXPECT_EQ(rope::hf::parse(unknown).style, rope::Style::rotate_half);
-  rope::hf::ParseOptions options;
-  options.style = rope::Style::block_diagonal;
-  EXPECT_EQ(rope::hf::parse(unknown, options).style, rope::Style::block_diagonal);
-  EXPECT_EQ(rope::hf::parse(unknown).rotary_dim, 64u);
+  try {
+    (void)rope::hf::parse(unknown);
+    ADD_FAILURE() << "an unknown model_type was read";
+  } catch (const rope::invalid_argument& err) {
+    const std::string msg = err.what();
+    EXPECT_EQ(err.argument(), "model_type") << msg;
+    EXPECT_NE(msg.find("\"my_model\""), std::string::npos) << msg;
+    EXPECT_NE(msg.find("ParseOptions::family"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("ParseOptions::generic"), std::string::npos) << msg;
+  }
+  rope::hf::ParseOptions generic;
+  generic.generic = true;
+  const auto guessed = rope::hf::parse(unknown, generic);
+  EXPECT_FALSE(guessed.style_known);
+  EXPECT_EQ(guessed.style, rope::Style::rotate_half);
+  EXPECT_EQ(guessed.rotary_dim, 64u);
+  EXPECT_EQ(guessed.family, "");
+  EXPECT_EQ(guessed.guessed,
+            (std::vector<std::string>{"style", "head_dim", "layers", "rotary_offset", "softmax_scale"}));
+  rope::hf::ParseOptions asserted = generic;
+  asserted.style = rope::Style::block_diagonal;
+  const auto paired = rope::hf::parse(unknown, asserted);
+  EXPECT_EQ(paired.style, rope::Style::block_diagonal);
+  EXPECT_EQ(paired.kinds[0].style, rope::Style::block_diagonal);
+  EXPECT_EQ(std::count(paired.guessed.begin(), paired.guessed.end(), "style"), 0);
+  rope::hf::ParseOptions mapped;
+  mapped.family = "cohere";
+  const auto as_cohere = rope::hf::parse(unknown, mapped);
+  EXPECT_TRUE(as_cohere.style_known);
+  EXPECT_EQ(as_cohere.family, "cohere");
+  EXPECT_EQ(as_cohere.model_type, "my_model");
+  EXPECT_EQ(as_cohere.style, rope::Style::block_diagonal);
+  EXPECT_TRUE(as_cohere.guessed.empty());
+  mapped.family = "my_family";
+  EXPECT_THROW((void)rope::hf::parse(unknown, mapped), std::invalid_argument);
+  // A generic read refuses layouts only a family defines.
+  const std::string mla =
+      R"({"model_type": "my_mla", "hidden_size": 512, "num_attention_heads": 8, "qk_rope_head_dim": 64})";
+  EXPECT_THROW((void)rope::hf::parse(mla, generic), std::invalid_argument);
+  // A known family under a new type name, named by architectures, is read as
+  // that family.
+  const std::string derived = R"({"model_type": "my_qwen", "architectures": ["Qwen3NextForCausalLM"],
+      "hidden_size": 512, "num_attention_heads": 8, "num_hidden_layers": 2,
+      "layer_types": ["linear_attention", "full_attention"]})";
+  const auto next = rope::hf::parse(derived);
+  EXPECT_EQ(next.family, "qwen3_next");
+  EXPECT_FALSE(next.rotates(0));
+  EXPECT_TRUE(next.rotates(1));
+  EXPECT_EQ(next.layer(0).layer_type, "linear_attention");
+  // A nested language model under a key rope does not read is named.
+  const std::string nested = R"({"model_type": "my_vlm", "vision_tower": {"model_type": "siglip"},
+      "decoder": {"model_type": "llama", "hidden_size": 512, "num_attention_heads": 8}})";
+  try {
+    (void)rope::hf::parse(nested);
+    ADD_FAILURE() << "an unknown nesting was read";
+  } catch (const std::invalid_argument& err) {
+    EXPECT_NE(std::string(err.what()).find("nested under decoder vision_tower"), std::string::npos) << err.what();
+  }
+}
+
+// Which layers' frequencies depend on the sequence length, and where they
+// switch.
+TEST(HfConfig, SequenceLengthDependence) {
+  const auto dynamic = rope::hf::load(config_path("constructed_dynamic_ntk.json"));
+  EXPECT_TRUE(dynamic.seq_len_dependence(0).depends);
+  EXPECT_EQ(dynamic.seq_len_dependence(0).switch_length, dynamic.max_position_embeddings);
+  const auto phi3 = rope::hf::load(config_path("phi3_mini_128k_instruct.json"));
+  EXPECT_TRUE(phi3.seq_len_dependence(0).depends);
+  EXPECT_EQ(phi3.seq_len_dependence(0).switch_length, 4096u);
+  const auto llama = rope::hf::load(config_path("llama3_1_8b.json"));
+  EXPECT_FALSE(llama.seq_len_dependence(0).depends);
+  EXPECT_EQ(llama.seq_len_dependence(0).switch_length, 0u);
+  const auto llama4 = rope::hf::load(config_path("constructed_llama4_nope_temperature.json"));
+  EXPECT_FALSE(llama4.seq_len_dependence(3).depends);
 }
 
 // The errors carry the public function called and the key path as

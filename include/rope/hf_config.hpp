@@ -10,8 +10,9 @@
 // rotary_offset + rotary_dim - 1, paired as model.style says) is rotated by
 // m * theta_p at position m, theta_p = frequencies(layer, seq_len).inv_freq[p],
 // and every cos/sin is multiplied by its attention_factor. What the reader
-// understands (both rope_scaling and rope_parameters spellings, text_config
-// nesting, per-layer-type parameters, partial rotary, M-RoPE layouts, the
+// understands (both rope_scaling and rope_parameters spellings, text_config /
+// llm_config / language_config nesting, per-layer-type parameters, NoPE and
+// linear-attention layers, partial rotary, M-RoPE layouts, the
 // pairing of each model family, DeepSeek's softmax scale, Llama 4 style
 // query temperatures) and every key it reads are listed in docs/hf_config.md.
 //
@@ -24,7 +25,9 @@
 // Errors: rope::invalid_argument through rope::detail::fail, naming the key
 // path as written in the file (text_config.rope_scaling.factor) and its
 // value as JSON text. The reader is never stricter than the reference on a
-// config it can compute: keys it does not use are ignored, as there.
+// config it can compute: keys it does not use are ignored, as there. A
+// model_type without a family is refused unless ParseOptions says how to
+// read it (docs/hf_config.md, "Refused").
 //
 // Needs nlohmann_json 3 (CMake target rope::hf_config); the core of rope does
 // not include this header.

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "../style.hpp"
 #include "reader.hpp"
@@ -28,6 +29,8 @@ struct Family {
   bool ernie_vl = false;      // M-RoPE: h/w alternating, then t
   bool phi3 = false;          // legacy "type": "su" / "yarn" means longrope
   bool alibi = false;         // no RoPE at all
+  bool linear_nope = false;   // layer_types "linear_attention" layers are not attention: no RoPE
+  bool exaone4 = false;       // with a sliding_window, only sliding-window layers rotate
 };
 
 // The exceptions of a family, as bits of a table row (the fields of Family).
@@ -44,6 +47,8 @@ enum Trait : unsigned {
   kErnieVl = 1u << 8,
   kPhi3 = 1u << 9,
   kAlibi = 1u << 10,  // no pairing: the family is refused
+  kLinearNoPe = 1u << 11,
+  kExaone4 = 1u << 12,
 };
 
 struct FamilyRow {
@@ -68,7 +73,7 @@ inline constexpr FamilyRow kFamilies[] = {
     {"llama", kHalf, kPlain}, {"mistral", kHalf, kPlain}, {"mixtral", kHalf, kPlain},
     {"ministral", kHalf, kPlain}, {"ministral3", kHalf, kPlain}, {"mistral3", kHalf, kPlain},
     {"qwen2", kHalf, kPlain}, {"qwen2_moe", kHalf, kPlain}, {"qwen3", kHalf, kPlain}, {"qwen3_moe", kHalf, kPlain},
-    {"qwen3_next", kHalf, kPlain}, {"qwen2_vl", kHalf, kPlain}, {"qwen2_vl_text", kHalf, kPlain},
+    {"qwen3_next", kHalf, kLinearNoPe}, {"qwen2_vl", kHalf, kPlain}, {"qwen2_vl_text", kHalf, kPlain},
     {"qwen2_5_vl", kHalf, kPlain}, {"qwen2_5_vl_text", kHalf, kPlain}, {"qwen3_vl", kHalf, kQwen3Vl},
     {"qwen3_vl_text", kHalf, kQwen3Vl}, {"qwen3_vl_moe", kHalf, kQwen3Vl}, {"qwen3_vl_moe_text", kHalf, kQwen3Vl},
     {"gemma", kHalf, kPlain}, {"gemma2", kHalf, kGemmaScalar}, {"gemma3", kHalf, kGemma3 | kGemmaScalar},
@@ -78,6 +83,7 @@ inline constexpr FamilyRow kFamilies[] = {
     {"glm4v_moe_text", kHalf, kPlain}, {"stablelm", kHalf, kPlain}, {"starcoder2", kHalf, kPlain},
     {"falcon", kHalf, kPlain}, {"olmo", kHalf, kPlain}, {"olmo2", kHalf, kPlain}, {"granite", kHalf, kPlain},
     {"granitemoe", kHalf, kPlain}, {"smollm3", kHalf, kPlain}, {"persimmon", kHalf, kPlain},
+    {"exaone4", kHalf, kExaone4},
     // ALiBi instead of RoPE: refused.
     {"bloom", kHalf, kAlibi}, {"mpt", kHalf, kAlibi},
 };
@@ -99,16 +105,63 @@ inline Family family_from_row(const FamilyRow& row) {
   f.ernie_vl = has(kErnieVl);
   f.phi3 = has(kPhi3);
   f.alibi = has(kAlibi);
+  f.linear_nope = has(kLinearNoPe);
+  f.exaone4 = has(kExaone4);
   return f;
+}
+
+// The row of a model_type, or null when the table has none.
+inline const FamilyRow* family_row(const std::string& model_type) {
+  for (const FamilyRow& row : kFamilies) {
+    if (model_type == row.model_type) return &row;
+  }
+  return nullptr;
 }
 
 // The family of a model_type; a type not in the table is a plain family of
 // unknown pairing (rotate_half, known = false).
 inline Family family_of(const std::string& model_type) {
-  for (const FamilyRow& row : kFamilies) {
-    if (model_type == row.model_type) return family_from_row(row);
+  const FamilyRow* row = family_row(model_type);
+  return row != nullptr ? family_from_row(*row) : Family{};
+}
+
+// The family an architectures entry names, as the reference's class names
+// spell them: DeepseekV3ForCausalLM is deepseek_v3, Qwen3NextForCausalLM
+// qwen3_next, Ernie4_5_MoeForCausalLM ernie4_5_moe (the class name without
+// its head suffix, lower case, matched with the type's underscores dropped).
+// Null when no row matches.
+inline const FamilyRow* family_of_architecture(const std::string& architecture) {
+  std::string stem = architecture;
+  for (const char* suffix : {"ForCausalLM", "ForConditionalGeneration", "LMHeadModel", "Model"}) {
+    const std::string s(suffix);
+    if (stem.size() > s.size() && stem.compare(stem.size() - s.size(), s.size(), s) == 0) {
+      stem.resize(stem.size() - s.size());
+      break;
+    }
   }
-  return Family{};
+  std::string key;
+  for (const char ch : stem) {
+    if (ch != '_') key += static_cast<char>(ch >= 'A' && ch <= 'Z' ? ch - 'A' + 'a' : ch);
+  }
+  for (const FamilyRow& row : kFamilies) {
+    std::string name;
+    for (const char* p = row.model_type; *p != '\0'; ++p) {
+      if (*p != '_') name += *p;
+    }
+    if (!key.empty() && key == name) return &row;
+  }
+  return nullptr;
+}
+
+// The layer types a family's modeling code tells apart, when it does (a
+// config naming another is refused); null: the family reads layer_types for
+// its attention masks only, and every named type rotates alike.
+inline const std::vector<std::string>* known_layer_types(const Family& f, bool local_base) {
+  static const std::vector<std::string> sliding = {"full_attention", "sliding_attention"};
+  static const std::vector<std::string> linear = {"full_attention", "linear_attention"};
+  if (f.linear_nope) return &linear;
+  if (f.cohere2 || f.exaone4 || f.gemma3 || local_base) return &sliding;
+  return nullptr;
 }
 
 // Gemma3TextConfig's defaults, which the reference fills in for keys a

@@ -5,6 +5,7 @@
 // Internal to rope::hf.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <utility>
@@ -93,27 +94,6 @@ inline std::size_t kind_index(const ModelRope& model, const std::string& name) {
   return model.kinds.size();
 }
 
-// Each layer's kind from its layer type; layer_types is num_hidden_layers long.
-inline void assign_kinds_by_type(const Config& config, ModelRope& model) {
-  const Reader& cfg = config.cfg();
-  const std::vector<std::string>& types = config.layer_types;
-  if (model.num_layers == 0) model.num_layers = types.size();
-  if (types.size() != model.num_layers) {
-    fail(cfg.fn(), cfg.path("layer_types"), "num_hidden_layers = " + to_text(model.num_layers) + " entries long",
-         Json(types).dump());
-  }
-  std::vector<std::string> names;
-  for (const LayerRope& kind : model.kinds) names.push_back(kind.layer_type);
-  for (std::size_t i = 0; i < types.size(); ++i) {
-    const std::size_t k = kind_index(model, types[i]);
-    if (k == model.kinds.size()) {
-      fail(cfg.fn(), rope::detail::indexed(cfg.path("layer_types"), i), "one of " + Json(names).dump(),
-           Json(types[i]).dump());
-    }
-    model.layer_kind.push_back(k);
-  }
-}
-
 // Gemma 4's full-attention layers have global_head_dim channels.
 inline std::size_t head_dim_for(const Config& config, const std::string& layer_type) {
   if (config.context.family.gemma4 && layer_type == "full_attention") {
@@ -122,31 +102,10 @@ inline std::size_t head_dim_for(const Config& config, const std::string& layer_t
   return config.context.head_dim;
 }
 
-// rope_parameters: {"full_attention": {...}, "sliding_attention": {...}}.
-inline void kinds_per_layer_type(const Config& config, ModelRope& model) {
-  const Json& block = *config.block.json;
-  for (const std::string& type : config.layer_types) {
-    if (kind_index(model, type) != model.kinds.size()) continue;
-    const std::string path = config.block.path + "." + type;
-    const auto it = block.find(type);
-    if (it == block.end() || !it->is_object()) {
-      fail(config.cfg().fn(), path, "an object (layer_types names this layer type)",
-           it == block.end() ? std::string("nothing") : it->dump());
-    }
-    model.kinds.push_back(read_kind(config.context, config.entry(&*it, path), type, head_dim_for(config, type)));
-  }
-  assign_kinds_by_type(config, model);
-}
-
-// Gemma 3: global layers use rope_theta and the rope entry, sliding ones
-// the plain schedule at rope_local_base_freq.
-inline void kinds_global_and_local(const Config& config, ModelRope& model) {
-  const Context& c = config.context;
-  model.kinds.push_back(read_kind(c, config.single_entry(), "full_attention", c.head_dim));
-  LayerRope local = read_kind(c, config.entry(nullptr, ""), "sliding_attention", c.head_dim);
-  local.base = config.cfg().required_positive("rope_local_base_freq", "sliding layers use it");
-  model.kinds.push_back(local);
-  assign_kinds_by_type(config, model);
+// Gemma 3 (and configs with rope_local_base_freq): sliding layers take the
+// plain schedule at that base; the rope entry is the global layers' alone.
+inline bool local_base(const Config& config) {
+  return config.context.family.gemma3 || config.cfg().has("rope_local_base_freq");
 }
 
 // A kind of layer that applies no RoPE.
@@ -158,12 +117,28 @@ inline LayerRope nope_kind(std::string layer_type, std::size_t head_dim) {
   return nope;
 }
 
-// Command R7B / A: only sliding-window layers rotate.
-inline void kinds_sliding_rotate(const Config& config, ModelRope& model) {
+// The rotating kind of a layer type: its own entry of a per-layer-type
+// block, Gemma 3's local schedule for sliding layers, else the one entry.
+inline LayerRope rotating_kind(const Config& config, const std::string& type) {
   const Context& c = config.context;
-  model.kinds.push_back(read_kind(c, config.single_entry(), "sliding_attention", c.head_dim));
-  model.kinds.push_back(nope_kind("full_attention", c.head_dim));
-  assign_kinds_by_type(config, model);
+  if (c.per_layer) {
+    const Json& block = *config.block.json;
+    const std::string path = config.block.path + "." + type;
+    const auto it = block.find(type);
+    if (it == block.end() || !it->is_object()) {
+      fail(config.cfg().fn(), path, "an object (layer_types names this layer type)",
+           it == block.end() ? std::string("nothing") : it->dump());
+    }
+    return read_kind(c, config.entry(&*it, path), type, head_dim_for(config, type));
+  }
+  if (local_base(config) && type == "sliding_attention") {
+    // Gemma3TextConfig: rope_parameters["sliding_attention"] is the default
+    // rope at rope_local_base_freq; rope_scaling goes to full_attention only.
+    LayerRope local = read_kind(c, config.entry(nullptr, ""), type, head_dim_for(config, type));
+    local.base = config.cfg().required_positive("rope_local_base_freq", "sliding layers use it");
+    return local;
+  }
+  return read_kind(c, config.single_entry(), type, head_dim_for(config, type));
 }
 
 // no_rope_layers[i] = 1: layer i rotates; an empty or absent list is built
@@ -184,29 +159,68 @@ inline std::vector<std::size_t> rotating_layer_flags(const Config& config, Model
   return flags;
 }
 
-// Llama 4 and configs with no_rope_layers: rotating layers and NoPE layers.
-inline void kinds_with_nope_layers(const Config& config, ModelRope& model) {
-  const Context& c = config.context;
-  const std::vector<std::size_t> flags = rotating_layer_flags(config, model);
-  model.kinds.push_back(read_kind(c, config.single_entry(), "", c.head_dim));
-  model.kinds.push_back(nope_kind("", c.head_dim));
-  for (const std::size_t f : flags) model.layer_kind.push_back(f != 0 ? 0 : 1);
+// Whether a layer of this type rotates, as the family's attention decides:
+// Qwen3-Next's and MiniMax-style linear_attention layers are gated-delta /
+// lightning mixers without position embedding (Qwen3NextDecoderLayer
+// calls linear_attn without position_embeddings); Cohere 2 rotates only
+// sliding-window layers (Cohere2Attention applies RoPE when its
+// sliding_window is set); Exaone 4 likewise once a sliding_window is
+// configured (Exaone4Attention: `if self.sliding_window is None or
+// self.is_sliding`), every layer otherwise.
+inline bool type_rotates(const Config& config, const std::string& type) {
+  const Family& f = config.context.family;
+  if (f.linear_nope && type == "linear_attention") return false;
+  if (f.cohere2) return type == "sliding_attention";
+  if (f.exaone4 && config.cfg().has("sliding_window")) return type == "sliding_attention";
+  return true;
 }
 
-// The kinds of layer and the kind of each layer.
+// The kinds of layer and the kind of each layer: one kind per (layer type,
+// rotates) pair the layers have, in the order of their first layer.
 inline void read_kinds(const Config& config, ModelRope& model) {
   const Reader& cfg = config.cfg();
   const Family& family = config.context.family;
-  if (config.context.per_layer) {
-    kinds_per_layer_type(config, model);
-  } else if (family.gemma3 || cfg.has("rope_local_base_freq")) {
-    kinds_global_and_local(config, model);
-  } else if (family.cohere2) {
-    kinds_sliding_rotate(config, model);
-  } else if (cfg.has("no_rope_layers") || cfg.has("no_rope_layer_interval") || family.llama4) {
-    kinds_with_nope_layers(config, model);
-  } else {
+  const std::vector<std::string>& types = config.layer_types;
+  if (family.exaone4 && types.empty() && cfg.has("sliding_window")) {
+    cfg.missing("layer_types", "Exaone 4 rotates only its sliding-window layers");
+  }
+  std::vector<std::size_t> flags;
+  if (cfg.has("no_rope_layers") || cfg.has("no_rope_layer_interval") || family.llama4) {
+    flags = rotating_layer_flags(config, model);
+  }
+  if (!types.empty()) {
+    if (model.num_layers == 0) model.num_layers = types.size();
+    if (types.size() != model.num_layers) {
+      fail(cfg.fn(), cfg.path("layer_types"), "num_hidden_layers = " + to_text(model.num_layers) + " entries long",
+           Json(types).dump());
+    }
+    if (!flags.empty() && flags.size() != types.size()) {
+      fail(cfg.fn(), cfg.path("no_rope_layers"), "as long as layer_types (" + to_text(types.size()) + ")",
+           Json(flags).dump());
+    }
+    if (const auto* known = known_layer_types(family, local_base(config))) {
+      for (std::size_t i = 0; i < types.size(); ++i) {
+        if (std::find(known->begin(), known->end(), types[i]) == known->end()) {
+          fail(cfg.fn(), rope::detail::indexed(cfg.path("layer_types"), i), "one of " + Json(*known).dump(),
+               Json(types[i]).dump());
+        }
+      }
+    }
+  }
+  const std::size_t layers = !types.empty() ? types.size() : flags.size();
+  if (layers == 0) {
     model.kinds.push_back(read_kind(config.context, config.single_entry(), "", config.context.head_dim));
+    return;
+  }
+  for (std::size_t i = 0; i < layers; ++i) {
+    const std::string type = types.empty() ? std::string() : types[i];
+    const bool rotates = type_rotates(config, type) && (flags.empty() || flags[i] != 0);
+    std::size_t k = 0;
+    while (k < model.kinds.size() && !(model.kinds[k].layer_type == type && model.kinds[k].rotates == rotates)) ++k;
+    if (k == model.kinds.size()) {
+      model.kinds.push_back(rotates ? rotating_kind(config, type) : nope_kind(type, head_dim_for(config, type)));
+    }
+    model.layer_kind.push_back(k);
   }
 }
 

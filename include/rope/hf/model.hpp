@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "../detail/error.hpp"
@@ -38,15 +39,33 @@ struct QueryTemperature {
   }
 };
 
+// Whether a kind's frequencies depend on the sequence length, and the length
+// they switch at: dynamic NTK stretches its base once seq_len passes
+// switch_length (max_position_embeddings); longrope takes long_factor once
+// seq_len passes switch_length (original_max_position_embeddings). Every
+// other rope type (and a NoPE kind) depends on nothing: switch_length 0.
+struct SeqLenDependence {
+  bool depends = false;
+  std::size_t switch_length = 0;
+};
+
 // The RoPE of one kind of layer (a model has one kind, or one per layer type).
 struct LayerRope {
   std::string layer_type;        // its name in layer_types ("full_attention", ...), "" when the config has none
-  bool rotates = true;           // false: a NoPE layer, which applies no rotation at all
+  bool rotates = true;           // false: a NoPE layer (or a linear-attention / Mamba mixer): no rotation at all
   std::size_t head_dim = 0;      // channels of the head the rotary part lies in
   std::size_t rotary_dim = 0;    // channels rotated: rotary_dim / 2 pairs
   double base = 10000.0;         // theta of the schedule base^(-2p/rotary_dim)
   std::string rope_type = "none";  // "default", "linear", "yarn", ... (legacy names mapped); "none" when !rotates
   Scaling scaling;
+  // How this kind's q/k heads are laid out and scored (the model's values
+  // for every kind today; per kind because a hybrid or multimodal model may
+  // differ): the pairing, the first rotary channel, the M-RoPE axis of each
+  // pair and the factor on q.k (ModelRope::softmax_scale).
+  Style style = Style::rotate_half;
+  std::size_t rotary_offset = 0;
+  std::optional<PairAxes> mrope;
+  double softmax_scale = 0.0;
 
   // inv_freq and attention factor at the current sequence length (number of
   // positions: largest position + 1; read by dynamic and longrope only).
@@ -54,14 +73,28 @@ struct LayerRope {
     if (!rotates) detail::fail("rope::hf::LayerRope::frequencies", "layer", "a layer that applies RoPE", layer_type);
     return rope::frequencies(rotary_dim, base, scaling, seq_len);
   }
+
+  // Whether frequencies(seq_len) changes with seq_len, and where.
+  SeqLenDependence seq_len_dependence() const {
+    if (!rotates) return {};
+    if (const auto* d = std::get_if<scaling::DynamicNtk>(&scaling)) return {true, d->original_max_positions};
+    if (const auto* l = std::get_if<scaling::LongRope>(&scaling)) return {true, l->original_max_positions};
+    return {};
+  }
 };
 
 // A model's RoPE as its config.json defines it.
 struct ModelRope {
   std::string model_type;     // of the text model (text_config.model_type when nested)
   Style style = Style::rotate_half;
-  bool style_known = false;   // model_type is in rope's pairing table (docs/hf_config.md); else the
-                              // transformers default rotate_half was assumed (or ParseOptions::style given)
+  bool style_known = false;   // the config was read as a family of docs/hf_config.md, whose pairing
+                              // is known; false when read generically (ParseOptions::generic)
+  std::string family;         // the family table row read: model_type, or what architectures or
+                              // ParseOptions::family mapped it to; "" when read generically
+  // What a generic read (ParseOptions::generic) guessed instead of knowing:
+  // "style", "layers" (every layer rotates alike), "rotary_offset" (0),
+  // "head_dim", "softmax_scale". Empty for a known family.
+  std::vector<std::string> guessed;
   // The main kind of layer (full attention, or the only kind), copied from
   // kinds[0] for convenience.
   std::size_t head_dim = 0;
@@ -94,6 +127,11 @@ struct ModelRope {
     return layer_kind.empty() ? kinds.front() : kinds[layer_kind[layer_index]];
   }
   bool rotates(std::size_t layer_index) const { return layer(layer_index).rotates; }
+  // Whether a layer's frequencies depend on the sequence length (dynamic,
+  // longrope) and the length they switch at.
+  SeqLenDependence seq_len_dependence(std::size_t layer_index = 0) const {
+    return layer(layer_index).seq_len_dependence();
+  }
 
   // theta_p and the attention factor of a layer at the current sequence
   // length (number of positions; dynamic and longrope depend on it). Throws
@@ -125,10 +163,21 @@ struct ModelRope {
   }
 };
 
+// A model_type rope has no family for is refused unless one of these says
+// how to read it.
 struct ParseOptions {
-  // The pairing to use instead of the table's (a model type rope does not
-  // know, a remote-code model whose modeling file differs).
+  // The pairing to use instead of the family's (a remote-code model whose
+  // modeling file differs, or with `generic`, the pairing being asserted).
   std::optional<Style> style;
+  // Read the config as this family of docs/hf_config.md (a model_type of
+  // the table, e.g. "deepseek_v3" for a derivative under its own type name).
+  std::optional<std::string> family;
+  // Read an unknown model_type as a plain decoder: every layer rotates with
+  // the one rope entry, rotary channels from channel 0, softmax scale
+  // 1/sqrt(head_dim), pairing rotate_half unless `style` names it.
+  // ModelRope::guessed lists what was assumed. Configs with an MLA layout
+  // (qk_rope_head_dim) or layer_types are refused even so.
+  bool generic = false;
 };
 
 }  // namespace rope::hf

@@ -21,30 +21,96 @@
 
 namespace rope::hf::detail {
 
-// The keys of the text model: text_config when the config has one
-// (vision-language models), else the top level (older Qwen2-VL style configs).
+// The keys of the text model: the nested language-model config when the
+// config has one (text_config of vision-language models, llm_config of
+// InternVL-style and language_config of DeepSeek-VL-style checkpoints), else
+// the top level (older Qwen2-VL style configs).
 struct TextModel {
   const Json* keys = nullptr;
   std::string prefix;  // "text_config." or ""
 };
 
+inline constexpr const char* kNestedKeys[] = {"text_config", "llm_config", "language_config"};
+
 inline TextModel text_model(const char* fn, const Json& root) {
   if (!root.is_object()) fail(fn, "the config", "a JSON object", root.dump());
   const Reader top(fn, &root, "");
-  if (top.present("text_config") && !root.at("text_config").is_null()) {
-    if (!root.at("text_config").is_object()) top.bad("text_config", "an object", root.at("text_config"));
-    return TextModel{&root.at("text_config"), "text_config."};
+  for (const char* key : kNestedKeys) {
+    if (top.present(key) && !root.at(key).is_null()) {
+      if (!root.at(key).is_object()) top.bad(key, "an object", root.at(key));
+      return TextModel{&root.at(key), std::string(key) + "."};
+    }
   }
   return TextModel{&root, ""};
 }
 
-// The model type and its family; ALiBi models have no RoPE to read.
-inline Family model_family(const char* fn, const Json& root, const TextModel& text, ModelRope& model) {
+// The family row a model_type (or the caller, or an architectures entry)
+// names; null for none.
+struct FamilyChoice {
+  const FamilyRow* row = nullptr;
+  std::string via;  // "model_type", "ParseOptions::family", "architectures[i]"
+};
+
+inline FamilyChoice choose_family(const char* fn, const Reader& top, const Reader& bare, const std::string& type,
+                                  const ParseOptions& options) {
+  if (options.family) {
+    const FamilyRow* row = family_row(*options.family);
+    if (row == nullptr) fail(fn, "ParseOptions::family", "a model_type of rope's family table", *options.family);
+    return FamilyChoice{row, "ParseOptions::family"};
+  }
+  if (const FamilyRow* row = family_row(type)) return FamilyChoice{row, "model_type"};
+  // The reference instantiates the class architectures names (remote code
+  // for a derivative such as Kimi K2 declares DeepseekV3ForCausalLM).
+  for (const Reader* r : {&bare, &top}) {
+    const Json* arch = r->find("architectures");
+    if (arch == nullptr || !arch->is_array()) continue;
+    for (std::size_t i = 0; i < arch->size(); ++i) {
+      if (!(*arch)[i].is_string()) continue;
+      if (const FamilyRow* row = family_of_architecture((*arch)[i].get<std::string>())) {
+        return FamilyChoice{row, rope::detail::indexed(r->path("architectures"), i)};
+      }
+    }
+  }
+  return FamilyChoice{};
+}
+
+// The model type and its family. ALiBi models have no RoPE to read; a type
+// rope has no family for is refused unless the caller says how to read it.
+inline Family model_family(const char* fn, const Json& root, const TextModel& text, const ParseOptions& options,
+                           ModelRope& model) {
   const Reader top(fn, &root, "");
   const Reader bare(fn, text.keys, text.prefix);
   model.model_type = bare.string("model_type").value_or(top.string("model_type").value_or(""));
-  const Family family = family_of(model.model_type);
-  if (family.alibi || (model.model_type == "falcon" && bare.flag("alibi", false))) {
+  const FamilyChoice choice = choose_family(fn, top, bare, model.model_type, options);
+  Family family;
+  if (choice.row != nullptr) {
+    family = family_from_row(*choice.row);
+    model.family = choice.row->model_type;
+  } else if (!options.generic) {
+    std::string nested;
+    if (text.prefix.empty()) {
+      for (const auto& item : root.items()) {
+        if (item.value().is_object() && item.value().contains("model_type")) nested += " " + item.key();
+      }
+    }
+    fail(fn, text.prefix + "model_type",
+         "a model type of rope's family table (docs/hf_config.md), or an architectures entry naming one" +
+             (nested.empty() ? std::string() : "; the language model may be nested under" + nested +
+                                                   ", a key rope does not read") +
+             ". To read it anyway, set ParseOptions::family to the family it follows, or ParseOptions::generic"
+             " (with ParseOptions::style for its pairing) to read it as a plain decoder",
+         Json(model.model_type).dump());
+  } else {
+    model.guessed = {"head_dim", "layers", "rotary_offset", "softmax_scale"};
+    if (!options.style) model.guessed.insert(model.guessed.begin(), "style");
+    for (const char* key : {"qk_rope_head_dim", "layer_types"}) {
+      if (bare.has(key)) {
+        fail(fn, bare.path(key), "absent in a generic read (set ParseOptions::family: this layout is a family's)",
+             bare.find(key)->dump());
+      }
+    }
+  }
+  if (family.alibi || (model.family == "falcon" && bare.flag("alibi", false))) {
     fail(fn, text.prefix + "model_type", "a model with RoPE (this one uses ALiBi)", Json(model.model_type).dump());
   }
   return family;
@@ -168,7 +234,7 @@ inline void read_temperature(const Config& config, const Reader& main_entry, Mod
 inline ModelRope read(const char* fn, const Json& root, const ParseOptions& options) {
   const TextModel text = text_model(fn, root);
   ModelRope model;
-  const Family family = model_family(fn, root, text, model);
+  const Family family = model_family(fn, root, text, options, model);
   const Reader cfg(fn, text.keys, text.prefix, family.gemma3 ? &gemma3_defaults() : nullptr);
   Config config;
   config.context.cfg = &cfg;
@@ -180,12 +246,19 @@ inline ModelRope read(const char* fn, const Json& root, const ParseOptions& opti
   config.block = find_rope_block(cfg);
   read_layer_types(config, model);
   config.context.per_layer = entries_per_layer_type(config.block, config.layer_types);
+  config.context.per_layer_type_params = config.context.per_layer || local_base(config);
   read_kinds(config, model);
   put_main_kind_first(family, model);
   const Reader main_entry = main_kind_entry(config, model);
   model.mrope = pair_axes(config.context, main_entry, model.rotary_dim);
   read_score_scales(config, main_entry, model);
   read_temperature(config, main_entry, model);
+  for (LayerRope& kind : model.kinds) {
+    kind.style = model.style;
+    kind.rotary_offset = model.rotary_offset;
+    kind.softmax_scale = model.softmax_scale;
+    if (kind.rotates && kind.rotary_dim == model.rotary_dim) kind.mrope = model.mrope;
+  }
   return model;
 }
 

@@ -29,6 +29,11 @@ struct Context {
   std::optional<std::size_t> max_positions;
   std::optional<std::size_t> top_original;  // top-level original_max_position_embeddings (Phi-3)
   bool per_layer = false;                   // entries per layer type: no top-level original applies
+  // The reference holds the rope parameters per layer type (per_layer, or
+  // Gemma 3's rope_local_base_freq folded into them): YaRN's `truncate` is
+  // read from that outer dict (_compute_yarn_parameters:
+  // config.rope_parameters.get("truncate", True)), never from an entry.
+  bool per_layer_type_params = false;
 };
 
 // The pretraining length of yarn, longrope and llama3 entries: a top-level
@@ -153,7 +158,7 @@ inline Scaling yarn_scaling(const EntryArgs& a) {
   y.mscale = entry.number("mscale").value_or(0.0);
   y.mscale_all_dim = entry.number("mscale_all_dim").value_or(0.0);
   y.attention_factor = entry.positive("attention_factor");
-  y.truncate = entry.flag("truncate", true);
+  y.truncate = a.context.per_layer_type_params ? true : entry.flag("truncate", true);
   if (!y.attention_factor && y.mscale != 0.0 && y.mscale_all_dim != 0.0 &&
       !(rope::detail::yarn_g(y.factor, y.mscale) / rope::detail::yarn_g(y.factor, y.mscale_all_dim) > 0.0L)) {
     entry.bad("mscale", "a value that keeps g(factor, mscale) / g(factor, mscale_all_dim) > 0", *entry.find("mscale"));

@@ -18,31 +18,87 @@ attention factor; plus the query scale at a few (layer, position) probes.
 Everything is float64 (Python floats), as the reference computes with
 float64 inputs; rope's test compares at 1e-12 relative.
 """
+import argparse
 import json
 import math
 import os
+import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = os.path.join(HERE, "configs")
 DEFAULT_THETA = 10000.0
 
-# The pairing of each family's modeling code. "half": rotate_half, pair p is
-# channels (p, p + r/2); "interleaved": pair p is (2p, 2p + 1) (GPT-J's
-# rotate_every_two, GLM's and Cohere's rotate_half over x[..., 0::2] /
-# x[..., 1::2], complex-number RoPE of Llama 4 and DeepSeek).
-INTERLEAVED = {
-    "gptj", "codegen", "cohere", "cohere2", "glm", "glm4", "glm4v", "glm4v_text", "chatglm", "deepseek_v2",
-    "deepseek_v3", "llama4", "llama4_text", "ernie4_5", "ernie4_5_moe", "ernie4_5_vl_moe",
-    "ernie4_5_vl_moe_text", "helium",
+# The pairing each family's modeling code applies, derived from how its
+# rotation function pairs channels rather than listed by pairing:
+#   "rotate_half"       x1 = x[..., : d/2], x2 = x[..., d/2 :], cat(-x2, x1):
+#                       pair p is channels (p, p + r/2)  -> "rotate_half"
+#   "rotate_every_two"  x1 = x[..., ::2], x2 = x[..., 1::2], stack(-x2, x1)
+#                       flattened: pair p is (2p, 2p + 1) -> "block_diagonal"
+#   "complex"           view_as_complex over adjacent channels (torch.polar
+#                       freqs_cis): pair p is (2p, 2p + 1) -> "block_diagonal"
+#   "repeat_interleave" cos/sin repeat_interleave(2) with a rotate_half over
+#                       x[..., 0::2] / x[..., 1::2]: (2p, 2p + 1)
+#   "deinterleave"      q.view(..., r/2, 2).transpose(-1, -2) then rotate_half:
+#                       the rotated halves are the even and odd channels, so
+#                       pair p is (2p, 2p + 1) of the original layout
+ROTATION_PAIRING = {"rotate_half": "rotate_half", "rotate_every_two": "block_diagonal",
+                    "complex": "block_diagonal", "repeat_interleave": "block_diagonal",
+                    "deinterleave": "block_diagonal"}
+# Family -> the rotation its modeling_<family>.py applies (the function read).
+ROTATION_OF_FAMILY = {
+    # modeling_chatglm (remote code) apply_rotary_pos_emb: x.reshape(..., r/2, 2) pairs adjacent channels.
+    "chatglm": "rotate_every_two",
+    # modeling_codegen / modeling_gptj rotate_every_two.
+    "codegen": "rotate_every_two", "gptj": "rotate_every_two",
+    # modeling_cohere / modeling_cohere2 rotate_half: x[..., ::2], x[..., 1::2], stack, flatten.
+    "cohere": "rotate_every_two", "cohere2": "rotate_every_two",
+    # modeling_deepseek_v2 apply_rotary_emb: view_as_complex(reshape(..., -1, 2)).
+    "deepseek_v2": "complex",
+    # modeling_deepseek_v3 apply_rotary_pos_emb_interleave (rope_interleave, the default).
+    "deepseek_v3": "deinterleave",
+    # modeling_ernie4_5 / modeling_ernie4_5_moe / modeling_ernie4_5_vl_moe rotate_half_text over 0::2 / 1::2.
+    "ernie4_5": "repeat_interleave", "ernie4_5_moe": "repeat_interleave",
+    "ernie4_5_vl_moe": "repeat_interleave", "ernie4_5_vl_moe_text": "repeat_interleave",
+    # modeling_glm / modeling_glm4 / modeling_glm4v rotate_half_llm over 0::2 / 1::2 with repeat_interleave.
+    "glm": "repeat_interleave", "glm4": "repeat_interleave", "glm4v": "repeat_interleave",
+    "glm4v_text": "repeat_interleave",
+    # modeling_helium rotate_half over x[..., 0::2] / x[..., 1::2].
+    "helium": "repeat_interleave",
+    # modeling_llama4 apply_rotary_emb: view_as_complex, freqs_cis.
+    "llama4": "complex", "llama4_text": "complex",
 }
-HALF = {
-    "llama", "mistral", "mixtral", "ministral", "ministral3", "mistral3", "qwen2", "qwen2_moe", "qwen3",
-    "qwen3_moe", "qwen3_next", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_vl",
-    "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text", "gemma", "gemma2", "gemma3", "gemma3_text",
-    "gemma4", "gemma4_text", "phi", "phi3", "phimoe", "gpt_neox", "gpt_oss", "glm4_moe", "glm4v_moe",
-    "glm4v_moe_text", "stablelm", "starcoder2", "falcon", "olmo", "olmo2", "granite", "granitemoe",
-    "smollm3", "persimmon",
+# Every other family covered uses the llama-style rotate_half of its own
+# modeling file (modeling_<family>.rotate_half: cat(-x2, x1)).
+HALF_FAMILIES = {
+    "exaone4", "falcon", "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm4_moe",
+    "glm4v_moe", "glm4v_moe_text", "gpt_neox", "gpt_oss", "granite", "granitemoe", "llama", "ministral",
+    "ministral3", "mistral", "mistral3", "mixtral", "olmo", "olmo2", "persimmon", "phi", "phi3", "phimoe",
+    "qwen2", "qwen2_5_vl", "qwen2_5_vl_text", "qwen2_moe", "qwen2_vl", "qwen2_vl_text", "qwen3", "qwen3_moe",
+    "qwen3_next", "qwen3_vl", "qwen3_vl_moe", "qwen3_vl_moe_text", "qwen3_vl_text", "smollm3", "stablelm",
+    "starcoder2",
 }
+for _family in HALF_FAMILIES:
+    ROTATION_OF_FAMILY.setdefault(_family, "rotate_half")
+
+
+def pairing_of(family):
+    return ROTATION_PAIRING[ROTATION_OF_FAMILY[family]]
+
+
+def family_of_architecture(name):
+    """The family an architectures class names (DeepseekV3ForCausalLM -> deepseek_v3)."""
+    for suffix in ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel", "Model"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+            break
+    key = name.replace("_", "").lower()
+    for family in ROTATION_OF_FAMILY:
+        if family.replace("_", "") == key:
+            return family
+    return None
+
+
 # Gemma3TextConfig.__init__ defaults, used for keys its config omits.
 GEMMA3_TEXT_DEFAULTS = {
     "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "sliding_window_pattern": 6, "head_dim": 256,
@@ -66,6 +122,10 @@ PROBES = {
     "constructed_llama4_nope_temperature.json": {"layers": [0, 3], "positions": [0, 8190, 8191, 8192, 100000]},
     "constructed_ministral3_llama4_beta.json": {"positions": [0, 16383, 16384, 50000, 1000000]},
     "constructed_cohere2_sliding_rope.json": {"layers": [0, 3]},
+    "constructed_qwen3_next_linear_attention.json": {"layers": [0, 3]},
+    "constructed_exaone4_global_nope.json": {"layers": [0, 3]},
+    "constructed_gemma3_yarn_full_only.json": {"layers": [0, 5]},
+    "constructed_smollm3_no_rope_layers.json": {"layers": [0, 3]},
 }
 
 
@@ -88,8 +148,11 @@ class Config:
 
 
 def text_config(root):
-    if isinstance(root.get("text_config"), dict):
-        return root["text_config"]
+    # text_config (vision-language models), llm_config (InternVL chat),
+    # language_config (DeepSeek-VL) hold the language model's config.
+    for key in ("text_config", "llm_config", "language_config"):
+        if isinstance(root.get(key), dict):
+            return root[key]
     return root
 
 
@@ -140,7 +203,10 @@ def compute_yarn(dim, base, p, cfg, seq_len):
         return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
 
     low, high = correction_dim(beta_fast), correction_dim(beta_slow)
-    if p.get("truncate", True):
+    # _compute_yarn_parameters reads config.rope_parameters.get("truncate", True): the outer dict,
+    # which holds one dict per layer type when the parameters are per layer type.
+    outer = cfg.rope_parameters
+    if outer.get("truncate", True):
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
@@ -230,12 +296,19 @@ def standardize(cfg, model_type, per_layer_types):
 def describe(name, root):
     cfg_dict = text_config(root)
     model_type = cfg_dict.get("model_type") or root.get("model_type", "")
+    config_type = model_type
+    if model_type not in ROTATION_OF_FAMILY:
+        # A derivative under its own type name: the class architectures names.
+        for arch in (cfg_dict.get("architectures") or []) + (root.get("architectures") or []):
+            if family_of_architecture(arch):
+                model_type = family_of_architecture(arch)
+                break
     gemma3 = model_type in ("gemma3", "gemma3_text")
     cfg = Config(cfg_dict, GEMMA3_TEXT_DEFAULTS if gemma3 else None)
     deepseek = model_type in ("deepseek_v2", "deepseek_v3")
     chatglm = model_type == "chatglm"
 
-    style = "block_diagonal" if model_type in INTERLEAVED else "rotate_half"
+    style = pairing_of(model_type)
     if deepseek and not cfg.d.get("rope_interleave", True):
         style = "rotate_half"
 
@@ -258,9 +331,19 @@ def describe(name, root):
         pattern = cfg.get("sliding_window_pattern", 6 if gemma3 else 4)
         layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
     entries = standardize(cfg, model_type, layer_types)
+    local_base = gemma3 or cfg.has("rope_local_base_freq")
+    if None not in entries:
+        cfg.rope_parameters = entries
+    elif local_base:
+        # Gemma3TextConfig folds rope_local_base_freq into per-layer-type parameters.
+        cfg.rope_parameters = {"full_attention": entries[None],
+                               "sliding_attention": {"rope_type": "default",
+                                                     "rope_theta": cfg.get("rope_local_base_freq")}}
+    else:
+        cfg.rope_parameters = entries[None]
 
     def kind(params, layer_type):
-        """(rotates, head_dim, rotary_dim, function of seq_len)."""
+        """(rotates, head_dim, rotary_dim, function of seq_len, params)."""
         dim = head_dim
         if model_type in ("gemma4", "gemma4_text") and layer_type == "full_attention":
             dim = cfg.get("global_head_dim") or head_dim
@@ -280,34 +363,50 @@ def describe(name, root):
             rotary = dim
         fn = ROPE_FUNCTIONS[rope_type]
         if rope_type == "proportional":
-            return True, dim, rotary, lambda seq_len: fn(dim, base, params, cfg, seq_len)
-        return True, dim, rotary, lambda seq_len: fn(rotary, base, params, cfg, seq_len)
+            return True, dim, rotary, lambda seq_len: fn(dim, base, params, cfg, seq_len), params
+        return True, dim, rotary, lambda seq_len: fn(rotary, base, params, cfg, seq_len), params
 
-    nope = (False, head_dim, 0, None)
-    # kind of each layer
-    if None not in entries:
-        kinds = {t: kind(entries[t], t) for t in set(layer_types)}
-        layer_kind = lambda i: kinds[layer_types[i]]
-        main_params = entries["full_attention"] if "full_attention" in entries else entries[layer_types[0]]
-    elif gemma3 or cfg.has("rope_local_base_freq"):
-        local = {"rope_type": "default", "rope_theta": cfg.get("rope_local_base_freq")}
-        kinds = {"full_attention": kind(entries[None], "full_attention"),
-                 "sliding_attention": kind(local, "sliding_attention")}
-        layer_kind = lambda i: kinds[layer_types[i]]
-        main_params = entries[None]
-    elif model_type == "cohere2":
-        rope_kind = kind(entries[None], "sliding_attention")
-        layer_kind = lambda i: rope_kind if layer_types[i] == "sliding_attention" else nope
-        main_params = entries[None]
-    elif cfg.has("no_rope_layers") or model_type in ("llama4", "llama4_text"):
+    def params_of(layer_type):
+        if None not in entries:
+            return entries[layer_type]
+        if local_base and layer_type == "sliding_attention":
+            return cfg.rope_parameters["sliding_attention"]
+        return entries[None]
+
+    # Which layers apply RoPE, as each family's attention decides.
+    flags = None
+    if cfg.has("no_rope_layers") or model_type in ("llama4", "llama4_text"):
+        # Llama4TextConfig / SmolLM3Config: no_rope_layers[i] == 0 marks a NoPE layer.
         flags = cfg.get("no_rope_layers") or [int((i + 1) % cfg.get("no_rope_layer_interval", 4) != 0)
                                                for i in range(num_layers)]
-        rope_kind = kind(entries[None], None)
-        layer_kind = lambda i: rope_kind if flags[i] else nope
-        main_params = entries[None]
+
+    def layer_rotates(i):
+        t = layer_types[i] if layer_types else None
+        if flags is not None and not flags[i]:
+            return False
+        if model_type == "qwen3_next" and t == "linear_attention":
+            return False  # Qwen3NextDecoderLayer: linear_attn (gated delta net) gets no position embeddings
+        if model_type == "cohere2":
+            return t == "sliding_attention"  # Cohere2Attention: RoPE only where sliding_window is set
+        if model_type == "exaone4" and cfg.has("sliding_window"):
+            return t == "sliding_attention"  # Exaone4Attention: sliding_window is None or self.is_sliding
+        return True
+
+    def layer_kind(i):
+        t = layer_types[i] if layer_types else None
+        if not layer_rotates(i):
+            dim = head_dim
+            if model_type in ("gemma4", "gemma4_text") and t == "full_attention":
+                dim = cfg.get("global_head_dim") or head_dim
+            return (False, dim, 0, None, None)
+        return kind(params_of(t), t)
+
+    def layer_type_of(i):
+        return layer_types[i] if layer_types else ""
+
+    if None not in entries:
+        main_params = entries["full_attention"] if "full_attention" in entries else entries[layer_types[0]]
     else:
-        rope_kind = kind(entries[None], None)
-        layer_kind = lambda i: rope_kind
         main_params = entries[None]
 
     main = kind(main_params, "full_attention")
@@ -369,7 +468,8 @@ def describe(name, root):
     out = {
         "file": name,
         "constructed": name.startswith("constructed_"),
-        "model_type": model_type,
+        "model_type": config_type,
+        "family": model_type,
         "style": style,
         "rotary_offset": offset,
         "num_layers": num_layers or 0,
@@ -379,10 +479,18 @@ def describe(name, root):
         "query_scales": [],
     }
     for layer in probes.get("layers", [0]):
-        rotates, dim, rotary, fn = layer_kind(layer)
+        rotates, dim, rotary, fn, params = layer_kind(layer)
+        # The length the frequencies switch at: dynamic NTK stretches the base past
+        # max_position_embeddings (_compute_dynamic_ntk_parameters), longrope takes
+        # long_factor past original_max_position_embeddings (_compute_longrope_parameters).
+        switch = 0
+        if rotates and params["rope_type"] == "dynamic":
+            switch = cfg.get("max_position_embeddings")
+        if rotates and params["rope_type"] == "longrope":
+            switch = params["original_max_position_embeddings"]
         for seq_len in probes.get("seq_lens", [0]):
-            probe = {"layer": layer, "seq_len": seq_len, "rotates": rotates, "head_dim": dim,
-                     "rotary_dim": rotary}
+            probe = {"layer": layer, "layer_type": layer_type_of(layer), "seq_len": seq_len, "rotates": rotates,
+                     "head_dim": dim, "rotary_dim": rotary, "seq_len_switch": switch}
             if rotates:
                 inv, attention = fn(seq_len)
                 probe["inv_freq"] = inv
@@ -396,6 +504,11 @@ def describe(name, root):
 
 
 def main():
+    parser = argparse.ArgumentParser(description="Write the expected RoPE of every config in configs/.")
+    parser.add_argument("--output", default=os.path.join(HERE, "expected.json"), help="where to write")
+    parser.add_argument("--check", action="store_true",
+                        help="write to a temporary file and fail unless it equals expected.json")
+    args = parser.parse_args()
     results = []
     for name in sorted(os.listdir(CONFIGS)):
         if not name.endswith(".json"):
@@ -403,11 +516,23 @@ def main():
         with open(os.path.join(CONFIGS, name)) as f:
             root = json.load(f)
         results.append(describe(name, root))
-    with open(os.path.join(HERE, "expected.json"), "w") as f:
-        json.dump({"generator": "tests/data/hf/reference.py", "configs": results}, f, indent=1)
-        f.write("\n")
-    print(f"wrote expected values for {len(results)} configs")
+    text = json.dumps({"generator": "tests/data/hf/reference.py", "configs": results}, indent=1) + "\n"
+    if args.check:
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            f.write(text)
+        with open(f.name) as got, open(os.path.join(HERE, "expected.json")) as want:
+            same = got.read() == want.read()
+        os.unlink(f.name)
+        if not same:
+            print("expected.json is stale: regenerate it with python3 tests/data/hf/reference.py")
+            return 1
+        print(f"expected.json matches the reference for {len(results)} configs")
+        return 0
+    with open(args.output, "w") as f:
+        f.write(text)
+    print(f"wrote expected values for {len(results)} configs to {args.output}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
