@@ -77,26 +77,31 @@ void check_rotation_positions(const char* fn, const Table<T>* table, const MaskO
 
 // Multi-head tensors: every view valid alone, shapes consistent, grouped
 // heads (q.heads a multiple of k.heads), and out sharing no element with
-// any input (heads are written as they finish).
+// any input (heads are written as they finish). k_name and v_name are the
+// caller's names of the keys and values (softmax_step: cache.k, cache.v).
 template <class T>
 void check_heads(const char* fn, const View<const T>& q, const View<const T>& k, const View<const T>& v,
-                 const View<T>& out) {
+                 const View<T>& out, const char* k_name = "k", const char* v_name = "v") {
   using rope::detail::check_disjoint;
   using rope::detail::check_view;
+  using rope::detail::field;
   check_view(fn, "q", q);
-  check_view(fn, "k", k);
-  check_view(fn, "v", v);
+  check_view(fn, k_name, k);
+  check_view(fn, v_name, v);
   check_view(fn, "out", out);
-  rope::detail::check_grouped_heads(fn, "k.heads", k.heads, "q.heads", q.heads);
-  if (v.heads != k.heads) fail(fn, "v.heads", "k.heads = " + to_text(k.heads), v.heads);
-  if (v.tokens != k.tokens) fail(fn, "v.tokens", "k.tokens = " + to_text(k.tokens), v.tokens);
-  if (k.head_dim != q.head_dim) fail(fn, "k.head_dim", "q.head_dim = " + to_text(q.head_dim), k.head_dim);
+  rope::detail::check_grouped_heads(fn, field(k_name, "heads").c_str(), k.heads, "q.heads", q.heads);
+  const std::string k_heads = field(k_name, "heads"), k_tokens = field(k_name, "tokens");
+  if (v.heads != k.heads) fail(fn, field(v_name, "heads"), k_heads + " = " + to_text(k.heads), v.heads);
+  if (v.tokens != k.tokens) fail(fn, field(v_name, "tokens"), k_tokens + " = " + to_text(k.tokens), v.tokens);
+  if (k.head_dim != q.head_dim) fail(fn, field(k_name, "head_dim"), "q.head_dim = " + to_text(q.head_dim), k.head_dim);
   if (out.tokens != q.tokens) fail(fn, "out.tokens", "q.tokens = " + to_text(q.tokens), out.tokens);
   if (out.heads != q.heads) fail(fn, "out.heads", "q.heads = " + to_text(q.heads), out.heads);
-  if (out.head_dim != v.head_dim) fail(fn, "out.head_dim", "v.head_dim = " + to_text(v.head_dim), out.head_dim);
+  if (out.head_dim != v.head_dim) {
+    fail(fn, "out.head_dim", field(v_name, "head_dim") + " = " + to_text(v.head_dim), out.head_dim);
+  }
   check_disjoint(fn, "out", out, "q", q);
-  check_disjoint(fn, "out", out, "k", k);
-  check_disjoint(fn, "out", out, "v", v);
+  check_disjoint(fn, "out", out, k_name, k);
+  check_disjoint(fn, "out", out, v_name, v);
 }
 
 }  // namespace rope::attention::detail

@@ -135,7 +135,8 @@ void check_step_views(const char* fn, const View<const T>& q, const View<const T
     fail(fn, "v_new.head_dim", "cache.v.head_dim = " + to_text(cache.v.head_dim), v_new.head_dim);
   }
   const std::size_t total = cache.length + n;
-  check_heads(fn, q, View<const T>(cache.k.slice_tokens(0, total)), View<const T>(cache.v.slice_tokens(0, total)), out);
+  check_heads(fn, q, View<const T>(cache.k.slice_tokens(0, total)), View<const T>(cache.v.slice_tokens(0, total)), out,
+              "cache.k", "cache.v");
   check_disjoint(fn, "cache.k", cache.k, "cache.v", cache.v);
   const char* const names[3] = {"q", "k_new", "v_new"};
   const View<const T>* inputs[3] = {&q, &k_new, &v_new};

@@ -166,6 +166,8 @@ class SoftmaxTile {
   static constexpr std::size_t kGranule = 64;
   static constexpr std::size_t kAhead = 2;
   static constexpr std::size_t kThinBlock = 64;
+  // Score rows of the thin path start at multiples of this many values (64 bytes).
+  static constexpr std::size_t kRowAlign = 64 / sizeof(T);
 
  private:
   // Sorted keys: each token sees one range. Keys every token of the tile
@@ -308,18 +310,24 @@ class SoftmaxTile {
     const auto bn = static_cast<Eigen::Index>(n);
     ws_.key_maps.clear();
     for (std::size_t i = 0; i < heads; ++i) ws_.key_maps.push_back(keys_of(g0_ + i, j0, n));
-    ws_.scores.resize(static_cast<Eigen::Index>(heads) * rows, bn);
+    // Every score row starts a whole cache line after the one before it:
+    // Eigen's vectorised exp and sum peel a row's unaligned first values
+    // with scalar code, so rows at different alignments would round
+    // differently, and a head's bits would depend on its place in the item,
+    // which changes with the thread count.
+    const std::size_t stride = (n + kRowAlign - 1) / kRowAlign * kRowAlign;
+    const auto bs = static_cast<Eigen::Index>(stride);
+    ws_.scores.resize(static_cast<Eigen::Index>(heads) * rows, bs);
     for (Eigen::Index j = 0; j < bn; ++j) {
       prefetch_token(j0 + static_cast<std::size_t>(j) + kAhead, true);
       prefetch_token(j0 + static_cast<std::size_t>(j), false);
       for (std::size_t i = 0; i < heads; ++i) {
         rope::dot_rows(ws_.heads[i].q.data(), static_cast<std::size_t>(rows), static_cast<std::size_t>(d),
-                 ws_.key_maps[i].row(j).data(), &ws_.scores(static_cast<Eigen::Index>(i) * rows, j),
-                 static_cast<std::size_t>(bn));
+                       ws_.key_maps[i].row(j).data(), &ws_.scores(static_cast<Eigen::Index>(i) * rows, j), stride);
       }
     }
     for (std::size_t i = 0; i < heads; ++i) {
-      Eigen::Ref<Matrix<T>> s(ws_.scores.middleRows(static_cast<Eigen::Index>(i) * rows, rows));
+      Eigen::Ref<Matrix<T>> s(ws_.scores.block(static_cast<Eigen::Index>(i) * rows, 0, rows, bn));
       update(ws_.heads[i], s, j0, n, partial);
       if (partial) accumulate_visible(ws_.heads[i], s, values_of(g0_ + i, j0, n), j0, n);
     }
@@ -332,9 +340,9 @@ class SoftmaxTile {
     for (std::size_t i = 0; i < heads; ++i) {
       for (std::size_t j = n * i / heads; j < n * (i + 1) / heads; ++j) prefetch_token(j0 + n + j, true);
       HeadRows<T>& head = ws_.heads[i];
-      rope::weighted_rows(&ws_.scores(static_cast<Eigen::Index>(i) * rows, 0), static_cast<std::size_t>(bn),
-                    static_cast<std::size_t>(rows), n, v_.row(j0, g0_ + i), value_stride, v_.head_dim,
-                    head.acc.data(), static_cast<std::size_t>(head.acc.cols()));
+      rope::weighted_rows(&ws_.scores(static_cast<Eigen::Index>(i) * rows, 0), stride, static_cast<std::size_t>(rows),
+                          n, v_.row(j0, g0_ + i), value_stride, v_.head_dim, head.acc.data(),
+                          static_cast<std::size_t>(head.acc.cols()));
     }
   }
 
