@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # The reliability stages of CI, after scripts/test.sh:
+#   format every C++ file as .clang-format says (clang-format 14, the
+#          Debian bookworm one); fails listing the files that differ.
+#          Apply it with: clang-format -i $(git ls-files '*.hpp' '*.cpp')
 #   clang  clang++, the whole suite under AddressSanitizer +
 #          UndefinedBehaviorSanitizer, warnings as errors
 #   tsan   g++, the concurrency tests under ThreadSanitizer
@@ -14,14 +17,14 @@
 #          the clang stage runs the same sanitizers, and CI's time goes to the
 #          aarch64 and xsimd14 stages instead; run it by name)
 #
-#   scripts/check.sh               clang tsan fuzz aarch64 xsimd14, in that order
+#   scripts/check.sh               format clang tsan fuzz aarch64 xsimd14, in that order
 #   scripts/check.sh asan tsan     only those
 # Build directories: build/<stage>. Each stage prints its wall time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(clang tsan fuzz aarch64 xsimd14)
+[ ${#stages[@]} -eq 0 ] && stages=(format clang tsan fuzz aarch64 xsimd14)
 
 jobs="${ROPE_JOBS:-2}"
 fuzz_seconds="${ROPE_FUZZ_SECONDS:-60}"
@@ -33,15 +36,27 @@ run_stage() {
   local stage="$1" start=$SECONDS
   echo "=== rope check: $stage"
   case "$stage" in
-    asan|clang|tsan|fuzz|aarch64|xsimd14) ;;
+    format|asan|clang|tsan|fuzz|aarch64|xsimd14) ;;
     *)
-      echo "unknown stage '$stage' (asan, clang, tsan, fuzz, aarch64, xsimd14)" >&2
+      echo "unknown stage '$stage' (format, asan, clang, tsan, fuzz, aarch64, xsimd14)" >&2
       exit 2
       ;;
   esac
   # Each stage's Debian packages: the line of its preset in scripts/packages.
   bash scripts/deps.sh "$stage"
   case "$stage" in
+    format)
+      # The C++ files git tracks (or would: untracked, not ignored).
+      local differ=()
+      while IFS= read -r file; do
+        clang-format --dry-run -Werror "$file" >/dev/null 2>&1 || differ+=("$file")
+      done < <(git ls-files --cached --others --exclude-standard '*.hpp' '*.cpp' | grep -v '^tests/data/')
+      if [ ${#differ[@]} -ne 0 ]; then
+        echo "rope check: format: these files differ from .clang-format (clang-format -i FILE mends them):" >&2
+        printf '  %s\n' "${differ[@]}" >&2
+        exit 1
+      fi
+      ;;
     asan|clang|tsan)
       cmake --preset "$stage" >/dev/null
       cmake --build --preset "$stage" -j "$jobs"

@@ -281,6 +281,17 @@ double head_error(const Heads<T>& out, std::size_t h, const at::Mat& want) {
   return at::relative_error(out.head(h), want);
 }
 
+// The long-double oracle of query head h of a grouped-query call (its key
+// and value head h / group), causal by the given positions, scale 1/sqrt(d).
+template <class T>
+at::Mat oracle_head(const Heads<T>& q, const Heads<T>& k, const Heads<T>& v, std::size_t h, std::size_t group,
+                    const rope::Frequencies& freqs, Style style, const std::vector<std::int64_t>& pq,
+                    const std::vector<std::int64_t>& pk) {
+  const at::LD scale = 1.0L / std::sqrt(static_cast<at::LD>(q.dim));
+  return at::naive_softmax(q.head_ld(h), k.head_ld(h / group), v.head_ld(h / group), freqs.inv_freq, style, pq, pk,
+                           scale, true);
+}
+
 
 // Sliding windows and packed sequences, causal or not, keys sorted (tiles cut
 // at each query's range) or shuffled (entry by entry), every block size,
@@ -356,8 +367,11 @@ TYPED_TEST(SoftmaxDecode, DecodeAgainstRotatedCacheEqualsPrefillRows) {
     ra::SoftmaxOptions o;
     o.causal = true;
     o.block = 8;
-    Heads<T> full(l, hq, dv, 0);
-    ra::softmax<T>(q.view(), k.view(), v.view(), full.view(), rotation, o);
+    std::vector<at::Mat> want(hq);
+    for (std::size_t h = 0; h < hq; ++h) {
+      want[h] = oracle_head(q, k, v, h, hq / hk, rope::frequencies(d, 10000.0), style, at::iota_positions(l),
+                            at::iota_positions(l));
+    }
     Heads<T> cache(l, hk, d, 0);
     rope::apply<T>(k.view(), cache.view(), table, style, 0);
     for (std::size_t t = 0; t < l; ++t) {
@@ -372,10 +386,8 @@ TYPED_TEST(SoftmaxDecode, DecodeAgainstRotatedCacheEqualsPrefillRows) {
         ra::softmax<T>(q_t, View<const T>(cache.view()).slice_tokens(0, visible), v.view().slice_tokens(0, visible),
                        out.view(), rotation, step);
         for (std::size_t h = 0; h < hq; ++h) {
-          for (std::size_t c = 0; c < dv; ++c) {
-            EXPECT_NEAR(out.at(0, h, c), full.at(t, h, c), 20 * tolerance<T>())
-                << rope::name(style) << " token " << t << " head " << h << " whole cache " << whole_cache;
-          }
+          EXPECT_LE(head_error(out, h, at::Mat{want[h][t]}), tolerance<T>())
+              << rope::name(style) << " token " << t << " head " << h << " whole cache " << whole_cache;
         }
       }
     }
@@ -395,8 +407,6 @@ TYPED_TEST(SoftmaxDecode, SoftmaxStepsEqualOneShot) {
   ra::SoftmaxOptions o;
   o.causal = true;
   o.block = 16;
-  Heads<T> full(l, hq, dv, 0);
-  ra::softmax<T>(q.view(), k.view(), v.view(), full.view(), rotation, o);
 
   Heads<T> k_cache = Heads<T>::filled(l + 3, hk, d, T(0)), v_cache = Heads<T>::filled(l + 3, hk, dv, T(0));
   ra::KvCache<T> cache{k_cache.view(), v_cache.view(), 0};
@@ -410,10 +420,10 @@ TYPED_TEST(SoftmaxDecode, SoftmaxStepsEqualOneShot) {
     EXPECT_EQ(cache.length, t);
   }
   ASSERT_EQ(t, l);
-  for (std::size_t i = 0; i < l; ++i) {
-    for (std::size_t h = 0; h < hq; ++h) {
-      for (std::size_t c = 0; c < dv; ++c) EXPECT_NEAR(out.at(i, h, c), full.at(i, h, c), 20 * tolerance<T>());
-    }
+  for (std::size_t h = 0; h < hq; ++h) {
+    const at::Mat want = oracle_head(q, k, v, h, hq / hk, rope::frequencies(d, 10000.0), Style::rotate_half,
+                                     at::iota_positions(l), at::iota_positions(l));
+    EXPECT_LE(head_error(out, h, want), tolerance<T>()) << "head " << h;
   }
   Heads<T> rotated(l, hk, d, 0);
   rope::apply<T>(k.view(), rotated.view(), table, Style::rotate_half, 0);
@@ -443,11 +453,6 @@ TYPED_TEST(SoftmaxDecode, SoftmaxStepsWithGivenPositions) {
   const Heads<T> q(l, hq, d, 24), k(l, hk, d, 25), v(l, hk, dv, 26);
   std::vector<std::int64_t> positions(l);
   for (std::size_t t = 0; t < l; ++t) positions[t] = static_cast<std::int64_t>(t < prompt ? 3 + t : 30 + t);
-  ra::SoftmaxOptions o;
-  o.causal = true;
-  o.q_positions = o.k_positions = positions;
-  Heads<T> full(l, hq, dv, 0);
-  ra::softmax<T>(q.view(), k.view(), v.view(), full.view(), rotation, o);
 
   Heads<T> k_cache(l, hk, d, 0), v_cache(l, hk, dv, 0), out(l, hq, dv, 0);
   ra::KvCache<T> cache{k_cache.view(), v_cache.view(), 0};
@@ -461,7 +466,11 @@ TYPED_TEST(SoftmaxDecode, SoftmaxStepsWithGivenPositions) {
     ra::softmax_step<T>(q.view().slice_tokens(t, 1), k.view().slice_tokens(t, 1), v.view().slice_tokens(t, 1), cache,
                         out.view().slice_tokens(t, 1), rotation, step);
   }
-  for (std::size_t h = 0; h < hq; ++h) EXPECT_LE(at::relative_error(out.head(h), full.head_ld(h)), 20 * tolerance<T>());
+  for (std::size_t h = 0; h < hq; ++h) {
+    const at::Mat want =
+        oracle_head(q, k, v, h, hq / hk, rope::frequencies(d, 10000.0), Style::block_diagonal, positions, positions);
+    EXPECT_LE(head_error(out, h, want), tolerance<T>()) << "head " << h;
+  }
 }
 
 
@@ -496,14 +505,7 @@ using ra::Matrix;
 using ra::Rotation;
 using rope::Style;
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
 
-bool all_finite(const Matrix<double>& m) { return m.allFinite(); }
-template <class Row>
-bool has_nan(const Row& row) {
-  return row.array().isNaN().any();
-}
 
 
 // The multi-head softmax refuses an output that shares memory with an input
@@ -555,4 +557,108 @@ TEST(SoftmaxEdges, HugeBlocksAndChunksAreOneBlock) {
 }
 
 }  // namespace edges
+}  // namespace
+
+// ---- softmax_step's refusals: each names its argument and leaves the cache,
+// its length and the output exactly as they were.
+namespace {
+namespace step_errors {
+namespace ra = rope::attention;
+using attention_test::Heads;
+using rope::Style;
+
+struct StepCase {
+  static constexpr std::size_t capacity = 12, length = 5, n = 2, hq = 4, hk = 2, d = 8, dv = 4;
+  rope::Table<float> table{rope::frequencies(d), 16};
+  Heads<float> q{n, hq, d, 1}, k_new{n, hk, d, 2}, v_new{n, hk, dv, 3};
+  Heads<float> k_cache{capacity, hk, d, 4}, v_cache{capacity, hk, dv, 5};
+  Heads<float> out = Heads<float>::filled(n, hq, dv, -7.0f);
+  ra::KvCache<float> cache{k_cache.view(), v_cache.view(), length};
+  ra::Rotation<float> rotation{&table, Style::rotate_half};
+
+  // The step's message, after checking that nothing was written.
+  std::string refused(const rope::View<const float>& q_view, const rope::View<const float>& k_view,
+                      const rope::View<const float>& v_view, ra::KvCache<float>& c, const rope::View<float>& o_view,
+                      const ra::SoftmaxOptions& o) {
+    const auto k_before = k_cache.data, v_before = v_cache.data, out_before = out.data;
+    const std::size_t length_before = c.length;
+    const std::string msg = rope_test::thrown_message(
+        [&] { ra::softmax_step<float>(q_view, k_view, v_view, c, o_view, rotation, o); });
+    EXPECT_TRUE(attention_test::same_bytes(k_before, k_cache.data)) << msg;
+    EXPECT_TRUE(attention_test::same_bytes(v_before, v_cache.data)) << msg;
+    EXPECT_TRUE(attention_test::same_bytes(out_before, out.data)) << msg;
+    EXPECT_EQ(c.length, length_before) << msg;
+    return msg;
+  }
+  std::string refused(const ra::SoftmaxOptions& o) {
+    return refused(q.view(), k_new.view(), v_new.view(), cache, out.view(), o);
+  }
+};
+
+void expect_starts(const std::string& msg, const std::string& start) {
+  EXPECT_EQ(msg.compare(0, start.size(), start), 0) << msg;
+}
+
+TEST(SoftmaxStepErrors, ViewsThatOverlapTheCacheOrTheOutput) {
+  StepCase c;
+  const std::string fn = "rope::attention::softmax_step: ";
+  // q, k_new, v_new inside the cache's bytes; out inside k_new's.
+  const rope::View<const float> q_in_cache(c.k_cache.data.data(), c.n, c.hq, c.d, c.hq * c.d, c.d);
+  const rope::View<float> k_cache_all = c.cache.k;
+  const rope::View<float> v_cache_all = c.cache.v;
+  expect_starts(c.refused(q_in_cache, c.k_new.view(), c.v_new.view(), c.cache, c.out.view(), {}),
+                fn + "cache.k must be disjoint from q");
+  expect_starts(c.refused(c.q.view(), k_cache_all.slice_tokens(c.length, c.n), c.v_new.view(), c.cache, c.out.view(), {}),
+                fn + "cache.k must be disjoint from k_new");
+  expect_starts(c.refused(c.q.view(), c.k_new.view(), v_cache_all.slice_tokens(0, c.n), c.cache, c.out.view(), {}),
+                fn + "cache.v must be disjoint from v_new");
+  const rope::View<float> out_in_cache(c.v_cache.data.data(), c.n, c.hq, c.dv, c.hq * c.dv, c.dv);
+  expect_starts(c.refused(c.q.view(), c.k_new.view(), c.v_new.view(), c.cache, out_in_cache, {}),
+                fn + "out must be disjoint from");
+  ra::KvCache<float> shared{c.cache.k, rope::View<float>(c.k_cache.data.data(), c.capacity, c.hk, c.dv, c.hk * c.d, c.d),
+                            c.length};
+  expect_starts(c.refused(c.q.view(), c.k_new.view(), c.v_new.view(), shared, c.out.view(), {}),
+                fn + "cache.k must be disjoint from cache.v");
+}
+
+TEST(SoftmaxStepErrors, ShapesThatDoNotFitTheCache) {
+  StepCase c;
+  const std::string fn = "rope::attention::softmax_step: ";
+  Heads<float> k3(c.n, 3, c.d, 6), k_wide(c.n, c.hk, c.d + 2, 7), v_wide(c.n, c.hk, c.dv + 1, 8), q1(1, c.hq, c.d, 9);
+  expect_starts(c.refused(c.q.view(), k3.view(), c.v_new.view(), c.cache, c.out.view(), {}),
+                fn + "k_new.heads must be cache.k.heads = 2, got 3");
+  expect_starts(c.refused(c.q.view(), k_wide.view(), c.v_new.view(), c.cache, c.out.view(), {}),
+                fn + "k_new.head_dim must be cache.k.head_dim = 8, got 10");
+  expect_starts(c.refused(c.q.view(), c.k_new.view(), v_wide.view(), c.cache, c.out.view(), {}),
+                fn + "v_new.head_dim must be cache.v.head_dim = 4, got 5");
+  expect_starts(c.refused(q1.view(), c.k_new.view(), c.v_new.view(), c.cache, c.out.view(), {}),
+                fn + "q.tokens must be k_new.tokens = 2, got 1");
+  c.cache.length = c.capacity - 1;
+  expect_starts(c.refused({}), fn + "k_new.tokens must be <= the cache's free tokens 1, got 2");
+  c.cache.length = c.capacity + 1;
+  expect_starts(c.refused({}), fn + "cache.length must be <= cache.k.tokens = 12, got 13");
+}
+
+TEST(SoftmaxStepErrors, PositionsOutsideTheTableOrInt64) {
+  StepCase c;
+  const std::string fn = "rope::attention::softmax_step: ";
+  ra::SoftmaxOptions o;
+  o.k_offset = 10;  // the new tokens at 15 and 16; the table has 16 rows
+  const std::string msg = c.refused(o);
+  expect_starts(msg, "out_of_range: " + fn + "options.k_offset + cache.length + 1 (the position of token 1) must be "
+                                             "in the table's positions [0, 16), got 16");
+  o.k_offset = std::numeric_limits<std::int64_t>::max() - 3;
+  expect_starts(c.refused(o), fn + "options.k_offset must be small enough for every position to fit in int64");
+  ra::SoftmaxOptions given;
+  given.q_positions = {3, 16};
+  expect_starts(c.refused(given), "out_of_range: " + fn + "options.q_positions[1] must be in the table's positions");
+  ra::SoftmaxOptions keys;
+  keys.k_positions = {0, 1, 2, 3, 4, 5, 99};
+  expect_starts(c.refused(keys), "out_of_range: " + fn + "options.k_positions[6] must be in the table's positions "
+                                                         "[0, 16), got 99");
+  keys.k_positions.pop_back();
+  expect_starts(c.refused(keys), fn + "options.k_positions.size() must be 0 or the number of rows 7, got 6");
+}
+
+}  // namespace step_errors
 }  // namespace

@@ -370,13 +370,98 @@ void linear_views(Bytes& in) {
   }
 }
 
+// softmax_step: a cache of `length` of `capacity` tokens, n new tokens,
+// positions contiguous from k_offset or given, sometimes a view that
+// overlaps the cache or does not fit it. A refused step writes nothing (the
+// caches, the output and the length); an accepted one equals its parts done
+// by hand: the new keys rotated by rope::apply and the values copied into
+// their slots, then softmax over the cache's keys as stored, bit for bit.
+template <class T>
+void softmax_step_typed(Bytes& in) {
+  const std::size_t capacity = 1 + in.u8() % 10, length = in.u8() % (capacity + 2), n = in.u8() % 4;
+  const std::size_t hk = 1 + in.u8() % 2, group = 1 + in.u8() % 3, hq = hk * group;
+  const std::size_t d = 2 * (1 + in.u8() % 4), dv = 1 + in.u8() % 4, table_positions = 1 + in.u8() % 20;
+  const rope::Table<T> table(rope::frequencies(d, 100.0), table_positions);
+  const ra::Rotation<T> rotation{&table, in.flag() ? rope::Style::rotate_half : rope::Style::block_diagonal};
+  ra::SoftmaxOptions o;
+  o.causal = in.flag();
+  o.threads = 1 + in.u8() % 3;
+  o.k_offset = static_cast<std::int64_t>(in.u8() % (table_positions + 2)) - 1;
+  if (in.u8() % 4 == 0) {
+    for (std::size_t t = 0; t < n; ++t) o.q_positions.push_back(static_cast<std::int64_t>(in.u8() % (table_positions + 1)));
+  }
+  auto k_cache = elements<T>(in, capacity * hk * d), v_cache = elements<T>(in, capacity * hk * dv);
+  auto q = elements<T>(in, n * hq * d), k_new = elements<T>(in, n * hk * d), v_new = elements<T>(in, n * hk * dv);
+  std::vector<T> out(std::max<std::size_t>(n * hq * dv, 1), T(-9));
+  ra::KvCache<T> cache{rope::View<T>::token_major(k_cache.data(), capacity, hk, d),
+                       rope::View<T>::token_major(v_cache.data(), capacity, hk, dv), length};
+  rope::View<const T> k_view = rope::View<const T>::token_major(k_new.data(), n, hk, d);
+  const std::uint8_t view_break = in.u8() % 8;
+  if (view_break == 0 && n > 0 && n <= capacity) k_view = rope::View<const T>(cache.k.slice_tokens(0, n));  // in the cache
+  const auto k_before = k_cache, v_before = v_cache, out_before = out;
+  const std::string where = "softmax_step capacity=" + std::to_string(capacity) + " length=" + std::to_string(length) +
+                            " n=" + std::to_string(n) + " break=" + std::to_string(view_break);
+  bool threw = false;
+  try {
+    ra::softmax_step<T>(rope::View<const T>::token_major(q.data(), n, hq, d), k_view,
+                        rope::View<const T>::token_major(v_new.data(), n, hk, dv), cache,
+                        rope::View<T>::token_major(out.data(), n, hq, dv), rotation, o);
+  } catch (const rope::invalid_argument& e) {
+    threw = true;
+    ROPE_FUZZ_CHECK(std::string(e.what()).find("rope::attention::softmax_step: ") == 0, e.what());
+  } catch (const rope::out_of_range& e) {
+    threw = true;
+    ROPE_FUZZ_CHECK(std::string(e.what()).find("rope::attention::softmax_step: ") == 0, e.what());
+  }
+  if (threw) {
+    ROPE_FUZZ_CHECK(cache.length == length, where + ": length changed");
+    ROPE_FUZZ_CHECK(std::memcmp(k_cache.data(), k_before.data(), k_cache.size() * sizeof(T)) == 0, where + ": k written");
+    ROPE_FUZZ_CHECK(std::memcmp(v_cache.data(), v_before.data(), v_cache.size() * sizeof(T)) == 0, where + ": v written");
+    ROPE_FUZZ_CHECK(std::memcmp(out.data(), out_before.data(), out.size() * sizeof(T)) == 0, where + ": out written");
+    return;
+  }
+  ROPE_FUZZ_CHECK(view_break != 0 || n == 0 || n > capacity, where + ": a k_new inside the cache was accepted");
+  ROPE_FUZZ_CHECK(length + n <= capacity && cache.length == length + n, where + ": the length");
+  // The same step by hand: rotated keys and values in the slots, then
+  // softmax over the cache as stored.
+  auto k_want = k_before, v_want = v_before;
+  std::vector<std::int64_t> new_positions(n);
+  for (std::size_t t = 0; t < n; ++t) {
+    new_positions[t] = o.q_positions.empty() ? o.k_offset + static_cast<std::int64_t>(length + t) : o.q_positions[t];
+  }
+  const std::size_t total = length + n;
+  if (n > 0) {
+    rope::apply<T>(rope::View<const T>::token_major(k_new.data(), n, hk, d),
+                   rope::View<T>::token_major(k_want.data() + length * hk * d, n, hk, d), table, rotation.style,
+                   new_positions.data());
+    std::memcpy(v_want.data() + length * hk * dv, v_new.data(), n * hk * dv * sizeof(T));
+  }
+  ROPE_FUZZ_CHECK(std::memcmp(k_cache.data(), k_want.data(), k_cache.size() * sizeof(T)) == 0, where + ": k slots");
+  ROPE_FUZZ_CHECK(std::memcmp(v_cache.data(), v_want.data(), v_cache.size() * sizeof(T)) == 0, where + ": v slots");
+  ra::SoftmaxOptions plain = o;
+  plain.keys_rotated = true;
+  plain.q_offset = o.k_offset + static_cast<std::int64_t>(length);
+  if (!o.q_positions.empty()) {
+    plain.k_positions.clear();
+    for (std::size_t j = 0; j < length; ++j) plain.k_positions.push_back(o.k_offset + static_cast<std::int64_t>(j));
+    plain.k_positions.insert(plain.k_positions.end(), new_positions.begin(), new_positions.end());
+  }
+  std::vector<T> want(out.size(), T(-9));
+  ra::softmax<T>(rope::View<const T>::token_major(q.data(), n, hq, d),
+                 rope::View<const T>::token_major(k_want.data(), total, hk, d),
+                 rope::View<const T>::token_major(v_want.data(), total, hk, dv),
+                 rope::View<T>::token_major(want.data(), n, hq, dv), rotation, plain);
+  ROPE_FUZZ_CHECK(std::memcmp(out.data(), want.data(), out.size() * sizeof(T)) == 0, where + ": the output");
+}
+
 }  // namespace
 
 void fuzz_softmax(Bytes& in) {
-  if (in.flag()) {
-    softmax_typed<float>(in);
-  } else {
-    softmax_typed<double>(in);
+  switch (in.u8() % 4) {
+    case 0: softmax_typed<float>(in); break;
+    case 1: softmax_typed<double>(in); break;
+    case 2: softmax_step_typed<float>(in); break;
+    default: softmax_step_typed<double>(in); break;
   }
 }
 
