@@ -666,14 +666,7 @@ using ra::Matrix;
 using ra::Rotation;
 using rope::Style;
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
 
-bool all_finite(const Matrix<double>& m) { return m.allFinite(); }
-template <class Row>
-bool has_nan(const Row& row) {
-  return row.array().isNaN().any();
-}
 
 
 // A feature rotation that asks for more channels than its table has is
