@@ -497,13 +497,6 @@ using ra::Matrix;
 using ra::Rotation;
 using rope::Style;
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-template <class Row>
-bool has_nan(const Row& row) {
-  return row.array().isNaN().any();
-}
 
 
 // The multi-head softmax refuses an output that shares memory with an input

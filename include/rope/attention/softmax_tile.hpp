@@ -52,7 +52,8 @@ struct SoftmaxPlan {
   bool sorted = true;
   bool keys_rotated = false;  // K read as stored (a cache of rotated keys)
   std::size_t block = 256;
-  std::size_t threads = 1;
+  std::size_t threads = 1;  // shares: options.threads, or the executor's workers
+  Executor executor;
   T softcap = 0;          // 0: none
   std::vector<T> sinks;   // one per query head, -inf: none; empty: none at all
 };
@@ -98,7 +99,8 @@ SoftmaxPlan<T> softmax_fields(const char* fn, std::size_t d, std::size_t heads, 
   plan.scale = static_cast<T>(scale);
   plan.keys_rotated = o.keys_rotated;
   plan.block = o.block;
-  plan.threads = o.threads;
+  plan.threads = rope::detail::thread_count(o.threads, o.executor);
+  plan.executor = o.executor;
   softmax_logits(fn, heads, o, plan);
   return plan;
 }
@@ -510,7 +512,7 @@ void softmax_heads(const View<const T>& q, const View<const T>& k, const View<co
   const std::size_t items = ranges * blocks;
   const std::size_t workers = std::max<std::size_t>(1, std::min(plan.threads, items));
   std::vector<SoftmaxWorkspace<T>> workspaces(workers);
-  parallel_for(items, workers, [&](std::size_t item, std::size_t w) {
+  parallel_for(items, workers, plan.executor, [&](std::size_t item, std::size_t w) {
     const std::size_t range = item / blocks, b = item % blocks;
     const std::size_t g0 = k.heads * range / ranges, g1 = k.heads * (range + 1) / ranges;
     const std::size_t t0 = b * tokens_per_block;
