@@ -77,25 +77,39 @@ inline LD dot(const std::vector<LD>& a, const std::vector<LD>& b) {
   return s;
 }
 
+// What a softmax does to its scores besides the mask: the logit softcap
+// (0: none) and one head's attention sink (-inf: none).
+struct Logits {
+  LD softcap = 0;
+  LD sink = -std::numeric_limits<LD>::infinity();
+};
+
 // Naive softmax attention with the scores of E5: q_i . R_(pk_j - pq_i) k_j * scale
-// (freqs empty: no rotation) over the keys visible(i, j) says. A query with
-// no visible key gives a zero row.
+// (freqs empty: no rotation) over the keys visible(i, j) says, each score
+// capped to cap * tanh(s / cap) when logits.softcap is set, and the sink's
+// exp(sink - M) added to the denominator (M the max of the sink and the
+// visible scores). A query with no visible key gives a zero row.
 template <class Visible>
 Mat naive_softmax_masked(const Mat& q, const Mat& k, const Mat& v, const std::vector<double>& inv_freq,
                          rope::Style style, const std::vector<std::int64_t>& pq, const std::vector<std::int64_t>& pk,
-                         LD scale, Visible visible) {
+                         LD scale, Visible visible, Logits logits = {}) {
   Mat out(q.size(), std::vector<LD>(v[0].size(), 0));
   for (std::size_t i = 0; i < q.size(); ++i) {
     std::vector<LD> s(k.size(), -std::numeric_limits<LD>::infinity());
     LD top = -std::numeric_limits<LD>::infinity();
+    bool sees = false;
     for (std::size_t j = 0; j < k.size(); ++j) {
       if (!visible(i, j)) continue;
       const auto kr = inv_freq.empty() ? k[j] : rotate(k[j], inv_freq, style, LD(pk[j] - pq[i]));
       s[j] = dot(q[i], kr) * scale;
+      if (logits.softcap > 0) s[j] = logits.softcap * std::tanh(s[j] / logits.softcap);
       top = std::max(top, s[j]);
+      sees = true;
     }
+    if (!sees) continue;
+    top = std::max(top, logits.sink);
     if (top == -std::numeric_limits<LD>::infinity()) continue;
-    LD sum = 0;
+    LD sum = logits.sink == -std::numeric_limits<LD>::infinity() ? LD(0) : std::exp(logits.sink - top);
     for (std::size_t j = 0; j < k.size(); ++j) {
       if (!visible(i, j)) continue;
       const LD w = std::exp(s[j] - top);

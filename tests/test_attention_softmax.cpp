@@ -23,6 +23,7 @@
 #include <random>
 #include <type_traits>
 #include "attention_heads.hpp"
+#include <optional>
 
 namespace {
 
@@ -661,4 +662,296 @@ TEST(SoftmaxStepErrors, PositionsOutsideTheTableOrInt64) {
 }
 
 }  // namespace step_errors
+}  // namespace
+
+// ---- logit softcap and attention sinks: s = scale q.k, then the cap, then
+// the mask, then the sink in the denominator (options.hpp)
+namespace {
+namespace logits {
+
+namespace at = attention_test;
+namespace ra = rope::attention;
+using at::Heads;
+using ra::Matrix;
+using ra::Rotation;
+using rope::Style;
+
+template <class T>
+class SoftmaxLogits : public ::testing::Test {};
+using Scalars = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(SoftmaxLogits, Scalars, rope_test::ScalarNames);
+
+constexpr at::LD kNoSink = -std::numeric_limits<at::LD>::infinity();
+const std::size_t kBlocks[] = {1, 3, 7, 8, 16, 37, 45, 128};
+
+// One-head matrices, causal with a sliding window, random positions: every
+// block size (1 .. 7 rows per tile take the thin decode path, more the GEMM
+// path) matches the oracle for a softcap, a sink, both, and a -inf sink.
+// Scores of std ~3 against a cap of 2: the cap changes most weights.
+TYPED_TEST(SoftmaxLogits, OneHeadMatchesOracleForEveryBlock) {
+  using T = TypeParam;
+  const std::size_t lq = 37, lk = 45, d = 16, dv = 12;
+  const auto freqs = rope::frequencies(d, 10000.0);
+  const rope::Table<T> table(freqs, 200);
+  const Matrix<T> q = at::random_matrix<T>(lq, d, 71, 3.0), k = at::random_matrix<T>(lk, d, 72);
+  const Matrix<T> v = at::random_matrix<T>(lk, dv, 73);
+  struct Case {
+    std::optional<double> softcap;
+    std::vector<double> sinks;
+  };
+  const Case cases[] = {{2.0, {}}, {{}, {1.5}}, {2.0, {0.5}}, {30.0, {-3.0}}, {2.0, {-HUGE_VAL}}};
+  for (const Case& c : cases) {
+    ra::SoftmaxOptions o;
+    o.causal = true;
+    o.window = 60;
+    o.q_positions = at::random_positions(lq, 200, 74);
+    o.k_positions = at::random_positions(lk, 200, 75);
+    o.softcap = c.softcap;
+    o.sinks = c.sinks;
+    const at::Logits logits{c.softcap ? at::LD(*c.softcap) : 0, c.sinks.empty() ? kNoSink : at::LD(c.sinks[0])};
+    const auto visible = [&](std::size_t i, std::size_t j) {
+      const std::int64_t pq = o.q_positions[i], pk = o.k_positions[j];
+      return pk <= pq && pk > pq - 60;
+    };
+    const auto want = at::naive_softmax_masked(at::to_ld(q), at::to_ld(k), at::to_ld(v), freqs.inv_freq,
+                                               Style::rotate_half, o.q_positions, o.k_positions,
+                                               1.0L / std::sqrt(at::LD(d)), visible, logits);
+    for (const std::size_t block : kBlocks) {
+      o.block = block;
+      const Matrix<T> got = ra::softmax(q, k, v, Rotation<T>{&table, Style::rotate_half}, o);
+      EXPECT_LE(at::relative_error(got, want), at::exact_tolerance<T>())
+          << "softcap " << c.softcap.value_or(0) << " sinks " << c.sinks.size() << " block " << block;
+    }
+  }
+}
+
+// Grouped-query views, two packed sequences, causal with a window: one sink
+// per query head (one of them -inf), a softcap; prefill (every query token)
+// and decode (the last 1 or 3 tokens: the thin path), every block size.
+TYPED_TEST(SoftmaxLogits, GroupedViewsWithSequencesMatchOracle) {
+  using T = TypeParam;
+  const std::size_t l = 29, hq = 6, hk = 2, d = 16, dv = 8, group = hq / hk;
+  const auto freqs = rope::frequencies(d, 10000.0);
+  const rope::Table<T> table(freqs, 64);
+  const Heads<T> q(l, hq, d, 81, 3.0), k(l, hk, d, 82), v(l, hk, dv, 83);
+  std::vector<std::int64_t> pos(l), seq(l);
+  for (std::size_t t = 0; t < l; ++t) {
+    seq[t] = t < 11 ? 0 : 1;
+    pos[t] = static_cast<std::int64_t>(t < 11 ? t : t - 11);
+  }
+  ra::SoftmaxOptions o;
+  o.causal = true;
+  o.window = 7;
+  o.k_positions = pos;
+  o.k_sequence = seq;
+  o.softcap = 2.5;
+  o.sinks = {0.5, -1.0, 2.0, -HUGE_VAL, 0.0, 1.0};
+  for (const std::size_t tokens : {l, std::size_t{3}, std::size_t{1}}) {
+    const std::size_t t0 = l - tokens;
+    o.q_positions.assign(pos.begin() + static_cast<std::ptrdiff_t>(t0), pos.end());
+    o.q_sequence.assign(seq.begin() + static_cast<std::ptrdiff_t>(t0), seq.end());
+    const auto visible = [&](std::size_t i, std::size_t j) {
+      const std::size_t t = t0 + i;
+      return seq[t] == seq[j] && pos[j] <= pos[t] && pos[j] > pos[t] - 7;
+    };
+    Heads<T> qs(tokens, hq, d, 0);
+    std::copy(q.data.begin() + static_cast<std::ptrdiff_t>(t0 * hq * d), q.data.end(), qs.data.begin());
+    for (const std::size_t block : kBlocks) {
+      o.block = block;
+      Heads<T> out = Heads<T>::filled(tokens, hq, dv, T(-7));
+      ra::softmax<T>(qs.view(), k.view(), v.view(), out.view(), Rotation<T>{&table, Style::block_diagonal}, o);
+      for (std::size_t h = 0; h < hq; ++h) {
+        const at::Logits logits{2.5L, at::LD(o.sinks[h])};
+        const auto want = at::naive_softmax_masked(qs.head_ld(h), k.head_ld(h / group), v.head_ld(h / group),
+                                                   freqs.inv_freq, Style::block_diagonal, o.q_positions, pos,
+                                                   1.0L / std::sqrt(at::LD(d)), visible, logits);
+        EXPECT_LE(at::relative_error(out.head(h), want), at::exact_tolerance<T>())
+            << "tokens " << tokens << " block " << block << " head " << h;
+      }
+    }
+  }
+}
+
+// softmax_step: a prefill chunk, then one token at a time, with sinks and a
+// softcap: each step's rows match the oracle over the cache so far.
+TYPED_TEST(SoftmaxLogits, SoftmaxStepMatchesOracle) {
+  using T = TypeParam;
+  const std::size_t l = 14, hq = 4, hk = 2, d = 8, dv = 4, group = hq / hk;
+  const auto freqs = rope::frequencies(d, 10000.0);
+  const rope::Table<T> table(freqs, 32);
+  const Rotation<T> rotation{&table, Style::rotate_half};
+  const Heads<T> q(l, hq, d, 91, 3.0), k(l, hk, d, 92), v(l, hk, dv, 93);
+  ra::SoftmaxOptions o;
+  o.causal = true;
+  o.softcap = 1.5;
+  o.sinks = {1.0, -0.5, 0.25, 3.0};
+  Heads<T> k_cache = Heads<T>::filled(l, hk, d, T(0)), v_cache = Heads<T>::filled(l, hk, dv, T(0));
+  ra::KvCache<T> cache{k_cache.view(), v_cache.view(), 0};
+  Heads<T> out = Heads<T>::filled(l, hq, dv, T(-7));
+  for (const std::size_t n : {std::size_t{9}, std::size_t{1}, std::size_t{1}, std::size_t{3}}) {
+    const std::size_t t = cache.length;
+    ra::softmax_step<T>(q.view().slice_tokens(t, n), k.view().slice_tokens(t, n), v.view().slice_tokens(t, n), cache,
+                        out.view().slice_tokens(t, n), rotation, o);
+  }
+  ASSERT_EQ(cache.length, l);
+  const auto p = at::iota_positions(l);
+  for (std::size_t h = 0; h < hq; ++h) {
+    const auto want = at::naive_softmax_masked(q.head_ld(h), k.head_ld(h / group), v.head_ld(h / group),
+                                               freqs.inv_freq, Style::rotate_half, p, p, 1.0L / std::sqrt(at::LD(d)),
+                                               [](std::size_t i, std::size_t j) { return j <= i; },
+                                               at::Logits{1.5L, at::LD(o.sinks[h])});
+    EXPECT_LE(at::relative_error(out.head(h), want), at::exact_tolerance<T>()) << "head " << h;
+  }
+}
+
+// A query that sees no key gets zeros with a sink too (its numerator is
+// empty), in both paths; the others match the oracle.
+TEST(SoftmaxLogits, QueryThatSeesNothingWithSinkGivesZeros) {
+  const std::size_t lq = 12, lk = 10, d = 8, dv = 3;
+  const Matrix<double> q = at::random_matrix<double>(lq, d, 101), k = at::random_matrix<double>(lk, d, 102);
+  const Matrix<double> v = at::random_matrix<double>(lk, dv, 103);
+  ra::SoftmaxOptions o;
+  o.causal = true;
+  o.q_offset = -2;  // queries 0 and 1 sit before every key
+  o.sinks = {0.75};
+  o.softcap = 4.0;
+  const auto want = at::naive_softmax_masked(at::to_ld(q), at::to_ld(k), at::to_ld(v), {}, Style::rotate_half,
+                                             {}, {}, 1.0L / std::sqrt(at::LD(d)),
+                                             [](std::size_t i, std::size_t j) { return j + 2 <= i; },
+                                             at::Logits{4.0L, 0.75L});
+  for (const std::size_t block : {std::size_t{1}, std::size_t{4}, std::size_t{64}}) {
+    o.block = block;
+    const Matrix<double> got = ra::softmax(q, k, v, {}, o);
+    EXPECT_TRUE((got.topRows(2).array() == 0).all()) << "block " << block;
+    EXPECT_LE(at::relative_error(got, want), at::exact_tolerance<double>()) << "block " << block;
+  }
+  // No key at all: zeros.
+  const Matrix<double> none = ra::softmax(q, Matrix<double>(0, d), Matrix<double>(0, dv), {}, o);
+  EXPECT_TRUE((none.array() == 0).all());
+}
+
+// The cap comes before the mask: a masked key with a huge score contributes
+// nothing. Capped after the mask, its -inf would become -cap, and with a cap
+// of 1 against scores in [-1, 1] it would carry a weight like any other key's
+// (the test checks that this wrong order differs observably).
+TEST(SoftmaxLogits, SoftcapComesBeforeTheMask) {
+  const std::size_t l = 9, d = 4, dv = 2;
+  Matrix<double> q = at::random_matrix<double>(l, d, 111), k = at::random_matrix<double>(l, d, 112);
+  const Matrix<double> v = at::random_matrix<double>(l, dv, 113);
+  k.row(l - 1) = 1e6 * q.row(0);  // the last key: huge scores, seen by the last query only
+  ra::SoftmaxOptions o;
+  o.causal = true;
+  o.softcap = 1.0;
+  const auto causal = [](std::size_t i, std::size_t j) { return j <= i; };
+  const at::LD scale = 0.5L;
+  const auto want = at::naive_softmax_masked(at::to_ld(q), at::to_ld(k), at::to_ld(v), {}, Style::rotate_half, {}, {},
+                                             scale, causal, at::Logits{1.0L, kNoSink});
+  // Mask then cap: every key visible, a masked one's score -1.
+  at::Mat wrong = want;
+  {
+    const auto qs = at::to_ld(q), ks = at::to_ld(k), vs = at::to_ld(v);
+    for (std::size_t i = 0; i < l; ++i) {
+      at::LD sum = 0;
+      std::vector<at::LD> acc(dv, 0);
+      for (std::size_t j = 0; j < l; ++j) {
+        const at::LD s = j <= i ? std::tanh(at::dot(qs[i], ks[j]) * scale) : std::tanh(kNoSink);
+        const at::LD w = std::exp(s);
+        sum += w;
+        for (std::size_t c = 0; c < dv; ++c) acc[c] += w * vs[j][c];
+      }
+      for (std::size_t c = 0; c < dv; ++c) wrong[i][c] = acc[c] / sum;
+    }
+  }
+  EXPECT_GT(at::relative_error(rope::attention::Matrix<double>(ra::softmax(q, k, v, {}, o)), wrong), 0.01);
+  for (const std::size_t block : {std::size_t{1}, std::size_t{3}, std::size_t{16}}) {
+    o.block = block;
+    o.scale = 0.5;
+    EXPECT_LE(at::relative_error(ra::softmax(q, k, v, {}, o), want), at::exact_tolerance<double>()) << block;
+  }
+}
+
+// NaN confined with a softcap on (tanh(NaN) is NaN): a NaN key only the last
+// query sees leaves every other row finite and equal to the oracle's.
+TEST(SoftmaxLogits, NanKeyReachesOnlyTheQueriesThatSeeIt) {
+  const std::size_t l = 20, d = 8, dv = 4;
+  Matrix<float> q = at::random_matrix<float>(l, d, 121), k = at::random_matrix<float>(l, d, 122);
+  const Matrix<float> v = at::random_matrix<float>(l, dv, 123);
+  k(l - 1, 2) = std::numeric_limits<float>::quiet_NaN();
+  ra::SoftmaxOptions o;
+  o.causal = true;
+  o.softcap = 3.0;
+  o.sinks = {0.5};
+  const auto want = at::naive_softmax_masked(at::to_ld(q), at::to_ld(k), at::to_ld(v), {}, Style::rotate_half, {}, {},
+                                             1.0L / std::sqrt(at::LD(d)),
+                                             [](std::size_t i, std::size_t j) { return j <= i && j + 1 < 20; },
+                                             at::Logits{3.0L, 0.5L});
+  for (const std::size_t block : {std::size_t{1}, std::size_t{5}, std::size_t{64}}) {
+    o.block = block;
+    const Matrix<float> got = ra::softmax(q, k, v, {}, o);
+    EXPECT_TRUE(got.row(l - 1).array().isNaN().all()) << block;
+    EXPECT_TRUE(got.topRows(l - 1).allFinite()) << block;
+    EXPECT_LE(at::relative_error(Matrix<float>(got.topRows(l - 1)),
+                                 at::Mat(want.begin(), want.end() - 1)), at::exact_tolerance<float>()) << block;
+  }
+}
+
+// Bad softcaps and sinks are refused by name, before anything is written,
+// from every overload.
+TEST(SoftmaxLogits, BadSoftcapOrSinksAreRefusedAndWriteNothing) {
+  const std::size_t l = 4, hq = 2, d = 8, dv = 3;
+  const Matrix<double> q = at::random_matrix<double>(l, d, 131), k = at::random_matrix<double>(l, d, 132);
+  const Matrix<double> v = at::random_matrix<double>(l, dv, 133);
+  const std::string fn = "rope::attention::softmax: ";
+  const auto matrix = [&](const ra::SoftmaxOptions& o) {
+    return rope_test::thrown_message([&] { ra::softmax(q, k, v, {}, o); });
+  };
+  ra::SoftmaxOptions o;
+  for (const double bad : {0.0, -1.0, HUGE_VAL, std::nan("")}) {
+    o.softcap = bad;
+    EXPECT_EQ(matrix(o), fn + "options.softcap must be finite and > 0, got " + rope::detail::to_text(bad));
+  }
+  o = {};
+  o.sinks = {0.0, 1.0};
+  EXPECT_EQ(matrix(o), fn + "options.sinks.size() must be 0 or the query heads 1, got 2");
+  o.sinks = {std::nan("")};
+  EXPECT_EQ(matrix(o), fn + "options.sinks[0] must be finite or -inf, got nan");
+  o.sinks = {HUGE_VAL};
+  EXPECT_EQ(matrix(o), fn + "options.sinks[0] must be finite or -inf, got inf");
+  // A sink beyond float's range rounds to +inf in float: refused there.
+  o.sinks = {1e300};
+  const Matrix<float> qf = q.cast<float>(), kf = k.cast<float>(), vf = v.cast<float>();
+  EXPECT_EQ(rope_test::thrown_message([&] { ra::softmax(qf, kf, vf, {}, o); }),
+            fn + "options.sinks[0] must be finite or -inf, got 1e+300");
+  EXPECT_EQ(matrix(o), "no exception");
+
+  Heads<double> qh(l, hq, d, 134), kh(l, 1, d, 135), vh(l, 1, dv, 136);
+  Heads<double> out = Heads<double>::filled(l, hq, dv, -5.0);
+  const auto before = out.data;
+  o = {};
+  o.sinks = {0.0};
+  const auto views = [&] {
+    return rope_test::thrown_message([&] { ra::softmax<double>(qh.view(), kh.view(), vh.view(), out.view(), {}, o); });
+  };
+  EXPECT_EQ(views(),
+            fn + "options.sinks.size() must be 0 or the query heads 2, got 1");
+  o.sinks = {0.0, std::nan("")};
+  EXPECT_EQ(views(),
+            fn + "options.sinks[1] must be finite or -inf, got nan");
+  EXPECT_TRUE(at::same_bytes(before, out.data));
+
+  Heads<double> k_cache = Heads<double>::filled(l, 1, d, 0.0), v_cache = Heads<double>::filled(l, 1, dv, 0.0);
+  const auto k_before = k_cache.data;
+  ra::KvCache<double> cache{k_cache.view(), v_cache.view(), 0};
+  o = {};
+  o.softcap = -2.0;
+  EXPECT_EQ(rope_test::thrown_message([&] {
+              ra::softmax_step<double>(qh.view(), kh.view(), vh.view(), cache, out.view(), {}, o);
+            }),
+            "rope::attention::softmax_step: options.softcap must be finite and > 0, got -2");
+  EXPECT_EQ(cache.length, 0u);
+  EXPECT_TRUE(at::same_bytes(k_before, k_cache.data));
+  EXPECT_TRUE(at::same_bytes(before, out.data));
+}
+
+}  // namespace logits
 }  // namespace

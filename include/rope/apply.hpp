@@ -40,10 +40,11 @@ namespace rope {
 namespace detail {
 
 // The rotary width of a tensor call (options.rotary_dim, 0: the table's)
-// and its thread count.
+// and its thread count or executor.
 inline std::size_t checked_rotary_dim(const char* fn, const Options& o, std::size_t table_rotary_dim) {
   const std::size_t r = rotary_width(fn, "options.rotary_dim", o.rotary_dim, table_rotary_dim);
   check_threads(fn, "options.threads", o.threads);
+  check_executor(fn, "options.executor.workers", o.executor);
   return r;
 }
 

@@ -1,5 +1,6 @@
 // rope/options.hpp — what a tensor-level call takes besides its tensors and
-// table: where each token sits (Positions) and how the call runs (Options).
+// table: where each token sits (Positions) and how the call runs (Options:
+// rotary width, direction, threads or the caller's Executor, stores).
 //
 // Token t of a call is rotated by the angle m(t) * theta_p, where m(t) is
 // either ids[t] (one std::int64_t per token: packed variable-length batches,
@@ -13,6 +14,7 @@
 #include <type_traits>
 
 #include "detail/inline.hpp"
+#include "executor.hpp"
 #include "style.hpp"
 
 namespace rope {
@@ -64,6 +66,9 @@ struct Options {
   Direction direction = Direction::forward;
   std::size_t threads = 1;  // tokens split across this many threads; 1 starts none
   Stores stores = Stores::automatic;
+  // Set: the token chunks run on the caller's pool (executor.hpp), split
+  // into executor.workers chunks instead of `threads`; the same bytes.
+  Executor executor;
 };
 
 }  // namespace rope

@@ -1,6 +1,7 @@
 // The attention module's threads: every call gives the same bits for any
-// thread count, because each work item is computed the same way whichever
-// thread takes it (detail::parallel_for). Run under ThreadSanitizer too.
+// thread count, and with the caller's executor for any worker count,
+// because each work item is computed the same way whichever thread takes it
+// (detail::parallel_for). Run under ThreadSanitizer too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,14 +13,15 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
-#include <iterator>
 #include <vector>
 
 #include <rope/attention.hpp>
 
 #include "attention_heads.hpp"
 #include "attention_oracle.hpp"
+#include "executors.hpp"
 #include "support.hpp"
+#include <iterator>
 
 namespace {
 
@@ -31,18 +33,42 @@ using ra::Rotation;
 using rope::Style;
 using rope::View;
 
-using at::LinearCase;
+template <class T>
+class ThreadsTyped : public ::testing::Test {};
+using Scalars = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(ThreadsTyped, Scalars, rope_test::ScalarNames);
 
-// The bytes of f(threads) for threads = 1 against 2, 3, 5, 8, 9 and 64: a
-// thread count that divides the heads, one that does not, more threads than
-// heads, more than items.
-template <class F>
-void expect_same_bytes_for_any_thread_count(F&& run, const std::string& what) {
-  const auto one = run(std::size_t{1});
-  for (const std::size_t threads : {2, 3, 5, 8, 9, 64}) {
-    EXPECT_TRUE(at::same_bytes(one, run(threads))) << what << ", threads " << threads;
-  }
+template <class T>
+double tolerance() {
+  return at::exact_tolerance<T>();
 }
+
+// max |got - want| / max |want| over one head of an output tensor.
+template <class T>
+double head_error(const Heads<T>& out, std::size_t h, const at::Mat& want) {
+  return at::relative_error(out.head(h), want);
+}
+
+
+
+// A grouped-query layer for the linear cases: tensors, FAVOR+ features and
+// the tables of both rotations (d channels pre-phi, m features for eq. 19).
+template <class T>
+struct LinearCase {
+  static constexpr std::size_t l = 23, hq = 4, hk = 2, d = 8, dv = 4, m = 16;
+  const rope::Table<T> table{rope::frequencies(d, 10000.0), 64};
+  const rope::Table<T> feature_table{rope::frequencies(m, 10000.0), 64};
+  const Heads<T> q, k, v;
+  const ra::FavorFeatures phi{d, features(m)};
+
+  explicit LinearCase(std::uint32_t seed) : q(l, hq, d, seed), k(l, hk, d, seed + 1), v(l, hk, dv, seed + 2) {}
+  static ra::FavorOptions features(std::size_t count) {
+    ra::FavorOptions fo;
+    fo.features = count;
+    return fo;
+  }
+};
+
 
 // Threads split (key/value head, query block) items, each computed the same
 // way: any thread count gives the same bytes, also with fewer heads than
@@ -86,6 +112,167 @@ TEST(AttentionThreads, LinearBitIdenticalForAnyThreadCount) {
     }
   }
 }
+
+
+// The same bytes from rope's threads, a pool's executor and one that runs
+// the shares backwards on the caller, for each worker count.
+template <class Call>
+void expect_same_bytes_with_executors(std::size_t size, Call call, const std::string& what) {
+  std::vector<float> one(size, -7.0f);
+  call(one, 1, rope::Executor{});
+  rope_test::ThreadPool pool(3);
+  for (const std::size_t workers : {2, 3, 7}) {
+    std::vector<float> threads(size, -7.0f), pooled(size, -7.0f), reversed(size, -7.0f);
+    call(threads, workers, rope::Executor{});
+    const std::size_t before = pool.tasks_run();
+    call(pooled, 1, pool.executor(workers));
+    rope_test::ReverseExecutor backwards;
+    call(reversed, 1, backwards.executor(workers));
+    EXPECT_TRUE(at::same_bytes(one, threads)) << what << " threads " << workers;
+    EXPECT_TRUE(at::same_bytes(one, pooled)) << what << " pool " << workers;
+    EXPECT_TRUE(at::same_bytes(one, reversed)) << what << " reversed " << workers;
+    EXPECT_GT(pool.tasks_run(), before) << what << " workers " << workers;
+    EXPECT_GT(backwards.tasks_run, 0u) << what << " workers " << workers;
+  }
+}
+
+// Softmax, prefill (GEMM path) and decode (thin path), with a window,
+// packed sequences, sinks and a softcap.
+TEST(AttentionThreads, SoftmaxExecutorGivesTheSameBytes) {
+  const std::size_t l = 50, hq = 8, hk = 2, d = 16, dv = 8;
+  const rope::Table<float> table(rope::frequencies(d, 10000.0), 64);
+  const Heads<float> q(l, hq, d, 141), k(l, hk, d, 142), v(l, hk, dv, 143);
+  std::vector<std::int64_t> seq(l);
+  for (std::size_t t = 0; t < l; ++t) seq[t] = t < 20 ? 0 : 1;
+  for (const std::size_t tokens : {l, std::size_t{2}, std::size_t{1}}) {
+    for (const bool keys_rotated : {false, true}) {
+      ra::SoftmaxOptions o;
+      o.causal = true;
+      o.window = 17;
+      o.block = 16;
+      o.keys_rotated = keys_rotated;
+      o.q_offset = static_cast<std::int64_t>(l - tokens);
+      o.q_sequence.assign(seq.end() - static_cast<std::ptrdiff_t>(tokens), seq.end());
+      o.k_sequence = seq;
+      o.softcap = 3.0;
+      o.sinks = {0.5, -1.0, 1.0, 0.0, 2.0, -0.5, 0.25, -HUGE_VAL};
+      const auto qv = q.view().slice_tokens(l - tokens, tokens);
+      expect_same_bytes_with_executors(
+          tokens * hq * dv,
+          [&](std::vector<float>& out, std::size_t threads, const rope::Executor& e) {
+            o.threads = threads;
+            o.executor = e;
+            ra::softmax<float>(qv, k.view(), v.view(), View<float>::token_major(out.data(), tokens, hq, dv),
+                               {&table, Style::rotate_half}, o);
+          },
+          "softmax tokens " + std::to_string(tokens) + " keys_rotated " + std::to_string(keys_rotated));
+    }
+  }
+}
+
+// softmax_step: a prefill chunk, then decode steps, into a cache.
+TEST(AttentionThreads, SoftmaxStepExecutorGivesTheSameBytes) {
+  const std::size_t l = 30, hq = 8, hk = 4, d = 16, dv = 8;
+  const rope::Table<float> table(rope::frequencies(d, 10000.0), 64);
+  const Heads<float> q(l, hq, d, 151), k(l, hk, d, 152), v(l, hk, dv, 153);
+  expect_same_bytes_with_executors(
+      l * hq * dv,
+      [&](std::vector<float>& out, std::size_t threads, const rope::Executor& e) {
+        ra::SoftmaxOptions o;
+        o.causal = true;
+        o.block = 8;
+        o.threads = threads;
+        o.executor = e;
+        o.sinks.assign(hq, 0.5);
+        Heads<float> k_cache = Heads<float>::filled(l, hk, d, 0.0f), v_cache = Heads<float>::filled(l, hk, dv, 0.0f);
+        ra::KvCache<float> cache{k_cache.view(), v_cache.view(), 0};
+        const auto out_view = View<float>::token_major(out.data(), l, hq, dv);
+        for (const std::size_t n : {std::size_t{20}, std::size_t{1}, std::size_t{1}, std::size_t{8}}) {
+          const std::size_t t = cache.length;
+          ra::softmax_step<float>(q.view().slice_tokens(t, n), k.view().slice_tokens(t, n),
+                                  v.view().slice_tokens(t, n), cache, out_view.slice_tokens(t, n),
+                                  {&table, Style::rotate_half}, o);
+        }
+      },
+      "softmax_step");
+}
+
+// Linear attention in eq. 19 form: not causal, and causal with states
+// carried from a prefill chunk to one-token steps.
+TEST(AttentionThreads, LinearExecutorGivesTheSameBytes) {
+  const LinearCase<float> c(161);
+  const auto &q = c.q, &k = c.k, &v = c.v;
+  const auto& phi = c.phi;
+  const Rotation<float> rotation{&c.feature_table, Style::rotate_half};
+  for (const bool causal : {false, true}) {
+    expect_same_bytes_with_executors(
+        c.l * c.hq * c.dv,
+        [&](std::vector<float>& out, std::size_t threads, const rope::Executor& e) {
+          ra::LinearOptions o;
+          o.causal = causal;
+          o.chunk = 6;
+          o.threads = threads;
+          o.executor = e;
+          const auto out_view = View<float>::token_major(out.data(), c.l, c.hq, c.dv);
+          if (!causal) {
+            ra::linear_eq19<float>(q.view(), k.view(), v.view(), out_view, phi, rotation, o);
+            return;
+          }
+          std::vector<ra::LinearState<float>> states;
+          for (std::size_t t = 0; t < c.l;) {
+            const std::size_t n = t == 0 ? 15 : 1;
+            o.q_offset = o.k_offset = static_cast<std::int64_t>(t);
+            ra::linear_eq19<float>(q.view().slice_tokens(t, n), k.view().slice_tokens(t, n),
+                                   v.view().slice_tokens(t, n), out_view.slice_tokens(t, n), phi, rotation, o,
+                                   &states);
+            t += n;
+          }
+        },
+        std::string("linear causal ") + (causal ? "1" : "0"));
+  }
+}
+
+// An executor set with no workers is refused by name, before anything is
+// written, by every attention call.
+TEST(AttentionThreads, ExecutorWithoutWorkersIsRefusedAndWritesNothing) {
+  const std::size_t l = 6, hq = 2, hk = 1, d = 8, dv = 4;
+  const Heads<float> q(l, hq, d, 171), k(l, hk, d, 172), v(l, hk, dv, 173);
+  Heads<float> out = Heads<float>::filled(l, hq, dv, -7.0f);
+  const auto before = out.data;
+  rope_test::ThreadPool pool(2);
+  const std::string tail =
+      "options.executor.workers must be at least 1 when options.executor.parallel_for is set, got 0";
+  ra::SoftmaxOptions so;
+  so.executor = pool.executor(0);
+  EXPECT_EQ(rope_test::thrown_message([&] { ra::softmax<float>(q.view(), k.view(), v.view(), out.view(), {}, so); }),
+            "rope::attention::softmax: " + tail);
+  Heads<float> k_cache = Heads<float>::filled(l, hk, d, 0.0f), v_cache = Heads<float>::filled(l, hk, dv, 0.0f);
+  const auto cache_before = k_cache.data;
+  ra::KvCache<float> cache{k_cache.view(), v_cache.view(), 0};
+  EXPECT_EQ(rope_test::thrown_message([&] {
+              ra::softmax_step<float>(q.view(), k.view(), v.view(), cache, out.view(), {}, so);
+            }),
+            "rope::attention::softmax_step: " + tail);
+  EXPECT_EQ(cache.length, 0u);
+  EXPECT_TRUE(at::same_bytes(cache_before, k_cache.data));
+  const ra::FavorFeatures phi{d, LinearCase<float>::features(16)};
+  ra::LinearOptions lo;
+  lo.executor = pool.executor(0);
+  EXPECT_EQ(rope_test::thrown_message([&] { ra::linear<float>(q.view(), k.view(), v.view(), out.view(), phi, lo); }),
+            "rope::attention::linear: " + tail);
+  EXPECT_TRUE(at::same_bytes(before, out.data));
+  EXPECT_EQ(pool.tasks_run(), 0u);
+}
+
+// The bytes of f(threads) for threads = 1 against 2, 3, 5, 8, 9 and 64: a
+// thread count that divides the heads, one that does not, more threads than
+// heads, more than items.
+template <class F>
+void expect_same_bytes_for_any_thread_count(F&& run, const std::string& what) {
+  const auto one = run(std::size_t{1});
+  for (const std::size_t threads : {2, 3, 5, 8, 9, 64}) {
+    EXPECT_TRUE(at::same_bytes(one, run(threads))) << what << ", threads " << threads;
+  }
 
 // A decode step reading K in place (a cache of rotated keys) splits the
 // key/value heads into min(heads, threads) ranges, so the work each thread

@@ -1,14 +1,16 @@
 // Many threads sharing one const rope::Table (and one Frequencies), each
 // rotating its own tensors with the SIMD kernels, rope::apply and
 // rope::apply_qk (themselves split over worker threads), computing rows
-// with rope::angles and building tables of their own: every result is bit
-// for bit the single-threaded one. The tsan preset runs this file under
+// with rope::angles and building tables of their own, or handing their
+// token chunks to the caller's executor: every result is bit for bit the
+// single-threaded one. The tsan preset runs this file under
 // ThreadSanitizer, which fails the run on any data race.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -18,6 +20,7 @@
 #include <rope/kernels.hpp>
 #include <rope/table.hpp>
 
+#include "executors.hpp"
 #include "support.hpp"
 
 namespace {
@@ -168,6 +171,79 @@ TEST(Concurrency, ApplyFromManyThreadsWithOneSharedTable) {
     EXPECT_TRUE(same_bits(got[i].k, expected[i].k)) << "k of thread " << i;
     EXPECT_TRUE(same_bits(got[i].out, expected[i].out)) << "out of thread " << i;
   }
+}
+
+// rope::apply (in place and out of place, 16-bit too) and rope::apply_qk
+// with the caller's executor: a pool's threads or the chunks run backwards
+// on the caller give the bytes of threads = 1 and of threads = workers.
+template <class T>
+void run_executor_test() {
+  const rope::Table<float> table(rope::frequencies(kRotaryDim, 10000.0), kPositions);
+  constexpr std::size_t kKvHeads = 2;
+  const auto input = rope_test::random_vector<T>(kTokens * kHeads * kHeadDim, 77u);
+  const auto k_input = rope_test::random_vector<T>(kTokens * kKvHeads * kHeadDim, 78u);
+  std::vector<std::int64_t> positions;
+  for (std::size_t t = 0; t < kTokens; ++t) positions.push_back(static_cast<std::int64_t>(position_of(3, t)));
+  struct Out {
+    std::vector<T> q, k, out;
+  };
+  const auto run = [&](std::size_t threads, const rope::Executor& e) {
+    rope::Options o;
+    o.threads = threads;
+    o.executor = e;
+    Out r{input, k_input, std::vector<T>(input.size())};
+    rope::apply_qk(rope::View<T>::token_major(r.q.data(), kTokens, kHeads, kHeadDim),
+                   rope::View<T>::token_major(r.k.data(), kTokens, kKvHeads, kHeadDim), table, Style::rotate_half,
+                   positions.data(), o);
+    o.stores = rope::Stores::streaming;
+    rope::apply<T>(rope::View<const T>::token_major(input.data(), kTokens, kHeads, kHeadDim),
+                   rope::View<T>::token_major(r.out.data(), kTokens, kHeads, kHeadDim), table, Style::block_diagonal,
+                   17, o);
+    return r;
+  };
+  const Out one = run(1, {});
+  rope_test::ThreadPool pool(3);
+  for (const std::size_t workers : {2, 3, 5, 200}) {
+    rope_test::ReverseExecutor backwards;
+    const std::size_t before = pool.tasks_run();
+    const Out outs[] = {run(workers, {}), run(1, pool.executor(workers)), run(1, backwards.executor(workers))};
+    for (const Out& r : outs) {
+      EXPECT_TRUE(same_bits(r.q, one.q)) << "q, workers " << workers;
+      EXPECT_TRUE(same_bits(r.k, one.k)) << "k, workers " << workers;
+      EXPECT_TRUE(same_bits(r.out, one.out)) << "out, workers " << workers;
+    }
+    EXPECT_GT(pool.tasks_run(), before);
+    EXPECT_GT(backwards.tasks_run, 0u);
+  }
+}
+
+TEST(Concurrency, ExecutorGivesTheBytesOfThreadsFloat) { run_executor_test<float>(); }
+TEST(Concurrency, ExecutorGivesTheBytesOfThreadsBFloat16) { run_executor_test<rope::BFloat16>(); }
+
+// An executor set with no workers is refused by name, and nothing is written.
+TEST(Concurrency, ExecutorWithoutWorkersIsRefused) {
+  const rope::Table<float> table(rope::frequencies(kRotaryDim, 10000.0), kPositions);
+  auto x = rope_test::random_vector<float>(kTokens * kHeads * kHeadDim, 79u);
+  const auto before = x;
+  rope_test::ReverseExecutor backwards;
+  rope::Options o;
+  o.executor = backwards.executor(0);
+  const std::string tail =
+      "options.executor.workers must be at least 1 when options.executor.parallel_for is set, got 0";
+  EXPECT_EQ(rope_test::thrown_message([&] {
+              rope::apply<float>(rope::View<float>::token_major(x.data(), kTokens, kHeads, kHeadDim), table,
+                                 Style::rotate_half, 0, o);
+            }),
+            "rope::apply: " + tail);
+  EXPECT_EQ(rope_test::thrown_message([&] {
+              rope::apply_qk(rope::View<float>::token_major(x.data(), kTokens, kHeads / 2, kHeadDim),
+                             rope::View<float>::token_major(x.data() + kTokens * kHeads / 2 * kHeadDim, kTokens,
+                                                            kHeads / 2, kHeadDim),
+                             table, Style::rotate_half, 0, o);
+            }),
+            "rope::apply_qk: " + tail);
+  EXPECT_TRUE(same_bits(x, before));
+  EXPECT_EQ(backwards.tasks_run, 0u);
 }
 
 }  // namespace

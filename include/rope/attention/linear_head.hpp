@@ -2,7 +2,7 @@
 // (linear.hpp): the checked feature map and plan of a call, the tokens in
 // (sequence, position) order, one key/value head's chunked sums
 // (LinearHead), and the split of heads, segments and query blocks across
-// threads.
+// threads (or the caller's executor).
 #pragma once
 
 #include <algorithm>
@@ -27,6 +27,7 @@
 namespace rope::attention::detail {
 
 using rope::detail::parallel_for;
+using rope::detail::thread_count;
 
 // From input rows to features: the feature map (or none: the inputs are
 // features already), the pre-phi rotation in d dimensions, and the eq. 19
@@ -358,6 +359,7 @@ class LinearHead {
 inline void check_linear_options(const char* fn, const LinearOptions& o, std::size_t lq, std::size_t lk) {
   if (o.chunk == 0) fail(fn, "options.chunk", "at least 1", o.chunk);
   rope::detail::check_threads(fn, "options.threads", o.threads);
+  rope::detail::check_executor(fn, "options.executor.workers", o.executor);
   if (!(o.delta >= 0.0) || !std::isfinite(o.delta)) fail(fn, "options.delta", "finite and >= 0", o.delta);
   check_mask_options(fn, o, lq, lk);
 }
@@ -460,9 +462,9 @@ void linear_causal(const View<const T>& q, const View<const T>& k, const View<co
   std::vector<LinearState<T>> local;
   std::vector<LinearState<T>>& sums = states != nullptr ? *states : local;
   if (sums.empty()) sums.assign(k.heads, LinearState<T>(plan.features, v.head_dim, o.delta));
-  const std::size_t workers = std::max<std::size_t>(1, std::min(o.threads, k.heads));
+  const std::size_t workers = std::max<std::size_t>(1, std::min(thread_count(o.threads, o.executor), k.heads));
   std::vector<LinearWorkspace<T>> workspaces(workers);
-  parallel_for(k.heads, workers, [&](std::size_t g, std::size_t w) {
+  parallel_for(k.heads, workers, o.executor, [&](std::size_t g, std::size_t w) {
     LinearHead<T>(q, k, v, out, o, plan, order, workspaces[w]).causal(g, sums[g]);
   });
 }
@@ -472,13 +474,13 @@ template <class T>
 void linear_full(const View<const T>& q, const View<const T>& k, const View<const T>& v, const View<T>& out,
                  const LinearOptions& o, const LinearPlan<T>& plan, const TokenOrder& order) {
   const std::size_t m = plan.features, dv = v.head_dim;
-  const std::size_t workers_wanted = o.threads;
+  const std::size_t workers_wanted = thread_count(o.threads, o.executor);
   const std::size_t segments = order.q_segment.size() - 1;
   std::vector<LinearState<T>> sums(k.heads * segments, LinearState<T>(m, dv, o.delta));
   {
     const std::size_t workers = std::max<std::size_t>(1, std::min(workers_wanted, sums.size()));
     std::vector<LinearWorkspace<T>> workspaces(workers);
-    parallel_for(sums.size(), workers, [&](std::size_t item, std::size_t w) {
+    parallel_for(sums.size(), workers, o.executor, [&](std::size_t item, std::size_t w) {
       const std::size_t g = item / segments, s = item % segments;
       LinearHead<T>(q, k, v, out, o, plan, order, workspaces[w]).sum_keys(g, order.k_segment[s], order.k_segment[s + 1],
                                                                           sums[item]);
@@ -498,7 +500,7 @@ void linear_full(const View<const T>& q, const View<const T>& k, const View<cons
   }
   const std::size_t workers = std::max<std::size_t>(1, std::min(workers_wanted, blocks.size()));
   std::vector<LinearWorkspace<T>> workspaces(workers);
-  parallel_for(blocks.size(), workers, [&](std::size_t i, std::size_t w) {
+  parallel_for(blocks.size(), workers, o.executor, [&](std::size_t i, std::size_t w) {
     const Block& blk = blocks[i];
     const bool any_keys = order.k_segment[blk.segment + 1] > order.k_segment[blk.segment];
     LinearHead<T>(q, k, v, out, o, plan, order, workspaces[w])

@@ -19,13 +19,16 @@ namespace rope::attention {
 
 // What softmax and linear attention share: the positions of queries and
 // keys (for RoPE and the masks), causality, sequence ids of packed batches,
-// and the threads of the call.
+// and the threads of the call (its own, or the caller's executor).
 struct MaskOptions {
   bool causal = false;
   std::vector<std::int64_t> q_positions, k_positions;  // empty: q_offset + i, k_offset + j
   std::int64_t q_offset = 0, k_offset = 0;
   std::vector<std::int64_t> q_sequence, k_sequence;  // packed batches: visible only within a sequence
   std::size_t threads = 1;
+  // Set: the call's shares run on the caller's pool (rope/executor.hpp),
+  // executor.workers of them in place of `threads`; the same bytes.
+  Executor executor;
 
   // The positions as the tensor API spells them: ids when given, else the offset.
   Positions q() const noexcept { return q_positions.empty() ? Positions(q_offset) : Positions(q_positions.data()); }

@@ -5,7 +5,12 @@
 //
 // over the keys j visible to query i (common.hpp: causal, sliding window,
 // sequence ids, by position). scale defaults to 1/sqrt(d); YaRN / DeepSeek
-// checkpoints set their own. A query that sees no key gets a zero row; a
+// checkpoints set their own. With options.softcap, S_ij <- cap * tanh(S_ij /
+// cap) before the mask; with options.sinks, query head h's sink joins the
+// denominator only: out_i = sum_j exp(S_ij - M) v_j / (exp(sink_h - M) +
+// sum_j exp(S_ij - M)), M the max of the sink and the visible scores (the
+// order: options.hpp). A query that sees no key gets a zero row (with a sink
+// too: its numerator is empty); a
 // query whose visible scores or values hold a NaN gets NaN. A masked key is
 // left out of the sums, never multiplied by zero: a NaN or Inf in a key or
 // value row reaches only the outputs of the queries that see it.
@@ -63,7 +68,7 @@ Matrix<typename DQ::Scalar> softmax(const Eigen::MatrixBase<DQ>& q, const Eigen:
   if (qr.cols() == 0) detail::fail(fn, "q.cols() (the head dimension)", "at least 1", qr.cols());
   if (vr.rows() != kr.rows()) detail::fail(fn, "v.rows()", "k.rows() = " + detail::to_text(kr.rows()), vr.rows());
   const auto plan = detail::check_softmax<T>(fn, static_cast<std::size_t>(qr.rows()), static_cast<std::size_t>(kr.rows()),
-                                             static_cast<std::size_t>(qr.cols()), rotation, options);
+                                             static_cast<std::size_t>(qr.cols()), 1, rotation, options);
   Matrix<T> out(qr.rows(), vr.cols());
   if (out.size() == 0) return out;
   const View<T> out_view = detail::matrix_view<T>(out.data(), out.rows(), out.cols(), out.cols());
@@ -86,7 +91,7 @@ void softmax(rope::detail::type_identity_t<View<const T>> q, rope::detail::type_
   detail::check_scalar<T>();
   const char* fn = "rope::attention::softmax";
   detail::check_heads(fn, q, k, v, out);
-  const auto plan = detail::check_softmax<T>(fn, q.tokens, k.tokens, q.head_dim, rotation, options);
+  const auto plan = detail::check_softmax<T>(fn, q.tokens, k.tokens, q.head_dim, q.heads, rotation, options);
   if (k.tokens == 0) {
     for (std::size_t t = 0; t < out.tokens; ++t) {
       for (std::size_t h = 0; h < out.heads; ++h) std::fill_n(out.row(t, h), out.head_dim, T(0));
@@ -162,12 +167,12 @@ struct StepPlan {
 // options.k_offset + cache.length + t; their keys at the same positions
 // unless options.k_positions gives all keys'; cached keys at k_offset + j.
 template <class T>
-StepPlan<T> plan_step(const char* fn, std::size_t n, std::size_t length, std::size_t d, const Rotation<T>& rotation,
-                      const SoftmaxOptions& o) {
+StepPlan<T> plan_step(const char* fn, std::size_t n, std::size_t length, std::size_t d, std::size_t heads,
+                      const Rotation<T>& rotation, const SoftmaxOptions& o) {
   const std::size_t total = length + n;
   check_mask_options(fn, o, n, total);
   StepPlan<T> step;
-  step.plan = softmax_fields(fn, d, rotation, o);
+  step.plan = softmax_fields(fn, d, heads, rotation, o);
   step.plan.keys_rotated = true;
   const std::int64_t first_new = o.k_offset + static_cast<std::int64_t>(length);
   const Positions queries = o.q_positions.empty() ? Positions(first_new) : Positions(o.q_positions.data());
@@ -238,7 +243,8 @@ void softmax_step(rope::detail::type_identity_t<View<const T>> q, rope::detail::
   const char* fn = "rope::attention::softmax_step";
   detail::check_step_views(fn, q, k_new, v_new, cache, out);
   const std::size_t total = cache.length + k_new.tokens;
-  const detail::StepPlan<T> step = detail::plan_step(fn, k_new.tokens, cache.length, q.head_dim, rotation, options);
+  const detail::StepPlan<T> step =
+      detail::plan_step(fn, k_new.tokens, cache.length, q.head_dim, q.heads, rotation, options);
   // The only writes before the attention itself, after every check.
   detail::append_step(k_new, v_new, cache, rotation, step);
   detail::softmax_heads<T>(q, cache.k.slice_tokens(0, total), cache.v.slice_tokens(0, total), out, rotation,

@@ -52,13 +52,42 @@ struct SoftmaxPlan {
   bool sorted = true;
   bool keys_rotated = false;  // K read as stored (a cache of rotated keys)
   std::size_t block = 256;
-  std::size_t threads = 1;
+  std::size_t threads = 1;  // shares: options.threads, or the executor's workers
+  Executor executor;
+  T softcap = 0;          // 0: none
+  std::vector<T> sinks;   // one per query head, -inf: none; empty: none at all
 };
 
-// The fields of SoftmaxOptions beyond MaskOptions, and the plan they give
-// for head dimension d (positions and visibility are the caller's to fill).
+// The softcap and the sinks of SoftmaxOptions, for `heads` query heads:
+// refused unless a set softcap is finite and > 0, and every sink is finite
+// or -inf in T (a sink that rounds to +inf in T is refused too).
 template <class T>
-SoftmaxPlan<T> softmax_fields(const char* fn, std::size_t d, const Rotation<T>& rotation, const SoftmaxOptions& o) {
+void softmax_logits(const char* fn, std::size_t heads, const SoftmaxOptions& o, SoftmaxPlan<T>& plan) {
+  if (o.softcap) {
+    const double cap = *o.softcap;
+    if (!(cap > 0) || !std::isfinite(cap) || !std::isfinite(static_cast<T>(cap))) {
+      fail(fn, "options.softcap", "finite and > 0", cap);
+    }
+    plan.softcap = static_cast<T>(cap);
+  }
+  if (o.sinks.empty()) return;
+  if (o.sinks.size() != heads) {
+    fail(fn, "options.sinks.size()", "0 or the query heads " + to_text(heads), o.sinks.size());
+  }
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  for (std::size_t h = 0; h < heads; ++h) {
+    const T sink = static_cast<T>(o.sinks[h]);
+    if (!std::isfinite(sink) && sink != neg_inf) fail(fn, indexed("options.sinks", h), "finite or -inf", o.sinks[h]);
+  }
+  plan.sinks.assign(o.sinks.begin(), o.sinks.end());
+}
+
+// The fields of SoftmaxOptions beyond MaskOptions, and the plan they give
+// for head dimension d and `heads` query heads (positions and visibility
+// are the caller's to fill).
+template <class T>
+SoftmaxPlan<T> softmax_fields(const char* fn, std::size_t d, std::size_t heads, const Rotation<T>& rotation,
+                              const SoftmaxOptions& o) {
   if (o.block == 0) fail(fn, "options.block", "at least 1", o.block);
   double scale = 1.0 / std::sqrt(static_cast<double>(d));
   if (o.scale) {
@@ -70,16 +99,18 @@ SoftmaxPlan<T> softmax_fields(const char* fn, std::size_t d, const Rotation<T>& 
   plan.scale = static_cast<T>(scale);
   plan.keys_rotated = o.keys_rotated;
   plan.block = o.block;
-  plan.threads = o.threads;
+  plan.threads = rope::detail::thread_count(o.threads, o.executor);
+  plan.executor = o.executor;
+  softmax_logits(fn, heads, o, plan);
   return plan;
 }
 
 // Every argument of a softmax call; throws before anything is written.
 template <class T>
-SoftmaxPlan<T> check_softmax(const char* fn, std::size_t lq, std::size_t lk, std::size_t d,
+SoftmaxPlan<T> check_softmax(const char* fn, std::size_t lq, std::size_t lk, std::size_t d, std::size_t heads,
                              const Rotation<T>& rotation, const SoftmaxOptions& o) {
   check_mask_options(fn, o, lq, lk);
-  SoftmaxPlan<T> plan = softmax_fields(fn, d, rotation, o);
+  SoftmaxPlan<T> plan = softmax_fields(fn, d, heads, rotation, o);
   check_rotation_positions(fn, rotation.table, o, lq, lk, !o.keys_rotated);
   plan.visibility = visibility_of(o);
   plan.visibility.window = o.window;
@@ -135,8 +166,7 @@ class SoftmaxTile {
       HeadRows<T>& head = ws_.heads[i];
       load_queries(g0 + i, head);
       head.acc.setZero(rows, dv);
-      head.row_max.setConstant(rows, -std::numeric_limits<T>::infinity());
-      head.row_sum.setZero(rows);
+      start_rows(g0 + i, head);
     }
     ws_.seen.assign(tokens_, 0);
     const std::size_t lk = k_.tokens;
@@ -199,6 +229,23 @@ class SoftmaxTile {
       } else {
         sweep(min_lo, max_hi, bk, true);
       }
+    }
+  }
+
+  // The running max and sum of head g's rows before any key: -inf and 0, or
+  // with a sink the sink and 1 (= exp(sink - sink)), so that the sink joins
+  // the max and the denominator once per row, whatever the block size.
+  void start_rows(std::size_t g, HeadRows<T>& head) {
+    const T neg_inf = -std::numeric_limits<T>::infinity();
+    const auto rows = static_cast<Eigen::Index>(tokens_ * group_);
+    head.row_max.setConstant(rows, neg_inf);
+    head.row_sum.setZero(rows);
+    if (plan_.sinks.empty()) return;
+    for (Eigen::Index r = 0; r < rows; ++r) {
+      const T sink = plan_.sinks[g * group_ + static_cast<std::size_t>(r) % group_];
+      if (sink == neg_inf) continue;
+      head.row_max[r] = sink;
+      head.row_sum[r] = T(1);
     }
   }
 
@@ -346,12 +393,18 @@ class SoftmaxTile {
     }
   }
 
-  // Masks the scores s of one head's rows, then the online softmax step:
-  // new running max, exp(s - max) in place, the correction of what was
-  // accumulated so far, the running sums. A row with nothing visible yet
-  // keeps the shift 0, so that exp(-inf - 0) is 0 rather than NaN.
+  // Caps the scores s of one head's rows (softcap), masks them, then the
+  // online softmax step: new running max, exp(s - max) in place, the
+  // correction of what was accumulated so far, the running sums. A row with
+  // nothing visible yet keeps the shift 0, so that exp(-inf - 0) is 0 rather
+  // than NaN. The cap comes before the mask: a masked score is -inf, never
+  // cap * tanh(-inf / cap) = -cap.
   void update(HeadRows<T>& head, Eigen::Ref<Matrix<T>> s, std::size_t j0, std::size_t n, bool partial) {
     const T neg_inf = -std::numeric_limits<T>::infinity();
+    if (plan_.softcap > T(0)) {
+      const T cap = plan_.softcap;
+      s = ((s.array() / cap).tanh() * cap).matrix();
+    }
     if (partial) mask(s, j0, n, neg_inf);
     for (Eigen::Index r = 0; r < s.rows(); ++r) {
       auto row = s.row(r);  // one row at a time, while it is in L1
@@ -467,7 +520,7 @@ void softmax_heads(const View<const T>& q, const View<const T>& k, const View<co
   const std::size_t items = ranges * blocks;
   const std::size_t workers = std::max<std::size_t>(1, std::min(plan.threads, items));
   std::vector<SoftmaxWorkspace<T>> workspaces(workers);
-  parallel_for(items, workers, [&](std::size_t item, std::size_t w) {
+  parallel_for(items, workers, plan.executor, [&](std::size_t item, std::size_t w) {
     const std::size_t range = item / blocks, b = item % blocks;
     const std::size_t g0 = k.heads * range / ranges, g1 = k.heads * (range + 1) / ranges;
     const std::size_t t0 = b * tokens_per_block;

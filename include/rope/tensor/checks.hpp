@@ -44,6 +44,13 @@ inline void check_threads(const char* fn, const char* argument, std::size_t thre
   if (threads == 0) fail(fn, argument, "at least 1", threads);
 }
 
+// An executor that is set must say how many shares to split the work into.
+inline void check_executor(const char* fn, const char* argument, const Executor& executor) {
+  if (executor.set() && executor.workers == 0) {
+    fail(fn, argument, "at least 1 when options.executor.parallel_for is set", executor.workers);
+  }
+}
+
 // The rotary part must fit in every head.
 template <class T>
 void check_rotary_fits(const char* fn, const char* const* names, const Pass<T>* passes, std::size_t count,

@@ -215,8 +215,9 @@ struct CompiledLoop {
 // reads it next.
 constexpr std::size_t kStreamingBytes = std::size_t(64) << 20;
 
-// Splits tokens into `threads` contiguous chunks, chunk i on worker i; the
-// caller runs chunk 0, so threads = 1 starts no thread. Each row is computed
+// Splits tokens into `threads` (or executor.workers) contiguous chunks,
+// chunk i on worker i; the caller runs chunk 0 (or the executor runs them
+// all), so threads = 1 starts no thread. Each row is computed
 // the same way whichever worker takes it, so results do not depend on the
 // thread count. Everything that can fail is done before the first write: the
 // workspaces are allocated here, and a thread that cannot be started has its
@@ -240,7 +241,7 @@ void run(const Pass<T>* passes, std::size_t count, const Source& source, std::si
              (options.stores == Stores::automatic && written >= kStreamingBytes);
   }
   const Work<T, Source> work{passes, count, source, rotary_dim, options.direction, stream};
-  const std::size_t workers = std::min(options.threads, tokens);
+  const std::size_t workers = std::min(thread_count(options.threads, options.executor), tokens);
   // Gathered cos/sin rows (multi-axis), then the 16-bit work.
   const std::size_t extra = std::is_same<T, C>::value ? 0 : kInRegisters16<T> ? rotary_dim + 2 : token_block;
   const std::size_t scratch_size = rotary_dim + extra;
@@ -255,7 +256,7 @@ void run(const Pass<T>* passes, std::size_t count, const Source& source, std::si
     loop(work, tokens * w / workers, tokens * (w + 1) / workers, scratch + w * scratch_size,
          stream ? staging.data() + w * token_block : nullptr);
   };
-  parallel_for(workers, workers, [&](std::size_t w, std::size_t) noexcept { chunk(w); });
+  parallel_for(workers, workers, options.executor, [&](std::size_t w, std::size_t) noexcept { chunk(w); });
 }
 
 }  // namespace rope::detail
