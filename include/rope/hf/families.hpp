@@ -31,6 +31,8 @@ struct Family {
   bool alibi = false;         // no RoPE at all
   bool linear_nope = false;   // layer_types "linear_attention" layers are not attention: no RoPE
   bool exaone4 = false;       // with a sliding_window, only sliding-window layers rotate
+  bool qwen3_next = false;    // Qwen3NextConfig's defaults: layer_types from full_attention_interval, partial 0.25
+  bool nope_interval = false;  // an absent no_rope_layers is built from no_rope_layer_interval (default 4)
 };
 
 // The exceptions of a family, as bits of a table row (the fields of Family).
@@ -49,6 +51,8 @@ enum Trait : unsigned {
   kAlibi = 1u << 10,  // no pairing: the family is refused
   kLinearNoPe = 1u << 11,
   kExaone4 = 1u << 12,
+  kQwen3Next = 1u << 13,
+  kNopeInterval = 1u << 14,
 };
 
 struct FamilyRow {
@@ -73,7 +77,7 @@ inline constexpr FamilyRow kFamilies[] = {
     {"llama", kHalf, kPlain}, {"mistral", kHalf, kPlain}, {"mixtral", kHalf, kPlain},
     {"ministral", kHalf, kPlain}, {"ministral3", kHalf, kPlain}, {"mistral3", kHalf, kPlain},
     {"qwen2", kHalf, kPlain}, {"qwen2_moe", kHalf, kPlain}, {"qwen3", kHalf, kPlain}, {"qwen3_moe", kHalf, kPlain},
-    {"qwen3_next", kHalf, kLinearNoPe}, {"qwen2_vl", kHalf, kPlain}, {"qwen2_vl_text", kHalf, kPlain},
+    {"qwen3_next", kHalf, kLinearNoPe | kQwen3Next}, {"qwen2_vl", kHalf, kPlain}, {"qwen2_vl_text", kHalf, kPlain},
     {"qwen2_5_vl", kHalf, kPlain}, {"qwen2_5_vl_text", kHalf, kPlain}, {"qwen3_vl", kHalf, kQwen3Vl},
     {"qwen3_vl_text", kHalf, kQwen3Vl}, {"qwen3_vl_moe", kHalf, kQwen3Vl}, {"qwen3_vl_moe_text", kHalf, kQwen3Vl},
     {"gemma", kHalf, kPlain}, {"gemma2", kHalf, kGemmaScalar}, {"gemma3", kHalf, kGemma3 | kGemmaScalar},
@@ -82,7 +86,7 @@ inline constexpr FamilyRow kFamilies[] = {
     {"gpt_oss", kHalf, kPlain}, {"glm4_moe", kHalf, kPlain}, {"glm4v_moe", kHalf, kPlain},
     {"glm4v_moe_text", kHalf, kPlain}, {"stablelm", kHalf, kPlain}, {"starcoder2", kHalf, kPlain},
     {"falcon", kHalf, kPlain}, {"olmo", kHalf, kPlain}, {"olmo2", kHalf, kPlain}, {"granite", kHalf, kPlain},
-    {"granitemoe", kHalf, kPlain}, {"smollm3", kHalf, kPlain}, {"persimmon", kHalf, kPlain},
+    {"granitemoe", kHalf, kPlain}, {"smollm3", kHalf, kNopeInterval}, {"persimmon", kHalf, kPlain},
     {"exaone4", kHalf, kExaone4},
     // ALiBi instead of RoPE: refused.
     {"bloom", kHalf, kAlibi}, {"mpt", kHalf, kAlibi},
@@ -107,6 +111,8 @@ inline Family family_from_row(const FamilyRow& row) {
   f.alibi = has(kAlibi);
   f.linear_nope = has(kLinearNoPe);
   f.exaone4 = has(kExaone4);
+  f.qwen3_next = has(kQwen3Next);
+  f.nope_interval = has(kNopeInterval) || has(kLlama4);
   return f;
 }
 
@@ -116,13 +122,6 @@ inline const FamilyRow* family_row(const std::string& model_type) {
     if (model_type == row.model_type) return &row;
   }
   return nullptr;
-}
-
-// The family of a model_type; a type not in the table is a plain family of
-// unknown pairing (rotate_half, known = false).
-inline Family family_of(const std::string& model_type) {
-  const FamilyRow* row = family_row(model_type);
-  return row != nullptr ? family_from_row(*row) : Family{};
 }
 
 // The family an architectures entry names, as the reference's class names
