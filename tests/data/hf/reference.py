@@ -73,7 +73,7 @@ ROTATION_OF_FAMILY = {
 HALF_FAMILIES = {
     "exaone4", "falcon", "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm4_moe",
     "glm4v_moe", "glm4v_moe_text", "gpt_neox", "gpt_oss", "granite", "granitemoe", "llama", "ministral",
-    "ministral3", "mistral", "mistral3", "mixtral", "olmo", "olmo2", "persimmon", "phi", "phi3", "phimoe",
+    "ministral3", "mistral", "mistral3", "mixtral", "olmo", "olmo2", "olmoe", "persimmon", "phi", "phi3", "phimoe",
     "qwen2", "qwen2_5_vl", "qwen2_5_vl_text", "qwen2_moe", "qwen2_vl", "qwen2_vl_text", "qwen3", "qwen3_moe",
     "qwen3_next", "qwen3_vl", "qwen3_vl_moe", "qwen3_vl_moe_text", "qwen3_vl_text", "smollm3", "stablelm",
     "starcoder2",
