@@ -308,6 +308,12 @@ TEST(HfConfig, BadConfigsAreNamedErrors) {
       {with({{"model_type", "falcon"}, {"alibi", true}}), "model_type", "\"falcon\""},
       {with({{"rope_parameters", {{"rope_type", "default"}, {"llama_4_scaling_beta", 0.1}}}}),
        "rope_parameters.original_max_position_embeddings", "nothing"},
+      // Exaone4Config builds layer_types dividing by a pattern of 0 (null sliding_window) or by a string.
+      {R"({"model_type": "exaone4", "hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 2,
+          "sliding_window": null})",
+       "layer_types", "nothing"},
+      {with({{"model_type", "exaone4"}, {"sliding_window_pattern", "LLLG"}}), "sliding_window_pattern", "\"LLLG\""},
+      {with({{"model_type", "qwen3_next"}, {"full_attention_interval", 0}}), "full_attention_interval", "0"},
       {"{\"model_type\": \"llama\", \"hidden_size\": 4096,", "the config text", "byte"},
       {"[1, 2]", "the config", "[1,2]"},
   };
@@ -392,7 +398,12 @@ TEST(HfConfig, LayersPathsAndPairingOverride) {
   // A generic read refuses layouts only a family defines.
   const std::string mla =
       R"({"model_type": "my_mla", "hidden_size": 512, "num_attention_heads": 8, "qk_rope_head_dim": 64})";
-  EXPECT_THROW((void)rope::hf::parse(mla, generic), std::invalid_argument);
+  try {
+    (void)rope::hf::parse(mla, generic);
+    ADD_FAILURE() << "a generic read accepted qk_rope_head_dim";
+  } catch (const std::invalid_argument& err) {
+    EXPECT_NE(std::string(err.what()).find("qk_rope_head_dim"), std::string::npos) << err.what();
+  }
   // A known family under a new type name, named by architectures, is read as
   // that family.
   const std::string derived = R"({"model_type": "my_qwen", "architectures": ["Qwen3NextForCausalLM"],
@@ -403,6 +414,16 @@ TEST(HfConfig, LayersPathsAndPairingOverride) {
   EXPECT_FALSE(next.rotates(0));
   EXPECT_TRUE(next.rotates(1));
   EXPECT_EQ(next.layer(0).layer_type, "linear_attention");
+  // Without layer_types, Qwen3NextConfig makes every full_attention_interval-th
+  // layer full attention, rotating a quarter of the head by default.
+  const auto interval = rope::hf::parse(R"({"model_type": "qwen3_next", "hidden_size": 512,
+      "num_attention_heads": 8, "num_hidden_layers": 4, "full_attention_interval": 2})");
+  EXPECT_FALSE(interval.rotates(0));
+  EXPECT_TRUE(interval.rotates(1));
+  EXPECT_FALSE(interval.rotates(2));
+  EXPECT_TRUE(interval.rotates(3));
+  EXPECT_EQ(interval.layer(3).layer_type, "full_attention");
+  EXPECT_EQ(interval.layer(3).rotary_dim, 16u);
   // A nested language model under a key rope does not read is named.
   const std::string nested = R"({"model_type": "my_vlm", "vision_tower": {"model_type": "siglip"},
       "decoder": {"model_type": "llama", "hidden_size": 512, "num_attention_heads": 8}})";

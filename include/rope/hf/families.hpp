@@ -31,6 +31,8 @@ struct Family {
   bool alibi = false;         // no RoPE at all
   bool linear_nope = false;   // layer_types "linear_attention" layers are not attention: no RoPE
   bool exaone4 = false;       // with a sliding_window, only sliding-window layers rotate
+  bool qwen3_next = false;    // Qwen3NextConfig's defaults: layer_types from full_attention_interval, partial 0.25
+  bool nope_interval = false;  // an absent no_rope_layers is built from no_rope_layer_interval (default 4)
 };
 
 // The exceptions of a family, as bits of a table row (the fields of Family).
@@ -49,6 +51,8 @@ enum Trait : unsigned {
   kAlibi = 1u << 10,  // no pairing: the family is refused
   kLinearNoPe = 1u << 11,
   kExaone4 = 1u << 12,
+  kQwen3Next = 1u << 13,
+  kNopeInterval = 1u << 14,
 };
 
 struct FamilyRow {
@@ -61,29 +65,57 @@ constexpr Style kHalf = Style::rotate_half;
 constexpr Style kBlock = Style::block_diagonal;
 
 // The pairing of each family, from its modeling code (docs/hf_config.md).
+// The plain rotate_half rows follow apply_rotary_pos_emb + rotate_half of
+// their own modeling_<family>.py (cat(-x2, x1) over the two halves); every
+// other row cites the function its pairing or exception is read from.
 inline constexpr FamilyRow kFamilies[] = {
     // block_diagonal: pair p = channels (2p, 2p + 1).
-    {"gptj", kBlock, kPlain}, {"codegen", kBlock, kPlain}, {"cohere", kBlock, kPlain},
-    {"cohere2", kBlock, kCohere2}, {"glm", kBlock, kPlain}, {"glm4", kBlock, kPlain}, {"glm4v", kBlock, kPlain},
-    {"glm4v_text", kBlock, kPlain}, {"chatglm", kBlock, kChatglm}, {"deepseek_v2", kBlock, kDeepseek},
-    {"deepseek_v3", kBlock, kDeepseek}, {"llama4", kBlock, kLlama4}, {"llama4_text", kBlock, kLlama4},
-    {"ernie4_5", kBlock, kPlain}, {"ernie4_5_moe", kBlock, kPlain}, {"ernie4_5_vl_moe", kBlock, kErnieVl},
-    {"ernie4_5_vl_moe_text", kBlock, kErnieVl}, {"helium", kBlock, kPlain},
+    {"gptj", kBlock, kPlain},     // modeling_gptj rotate_every_two
+    {"codegen", kBlock, kPlain},  // modeling_codegen rotate_every_two
+    {"cohere", kBlock, kPlain},   // modeling_cohere rotate_half over x[..., ::2], x[..., 1::2]
+    // modeling_cohere2 likewise; Cohere2Attention rotates only where sliding_window is set.
+    {"cohere2", kBlock, kCohere2},
+    // modeling_glm / modeling_glm4 / modeling_glm4v rotate_half_llm over 0::2 / 1::2, cos/sin repeat_interleave.
+    {"glm", kBlock, kPlain}, {"glm4", kBlock, kPlain}, {"glm4v", kBlock, kPlain}, {"glm4v_text", kBlock, kPlain},
+    // Remote code modeling_chatglm apply_rotary_pos_emb: x.reshape(..., r/2, 2) over half of kv_channels.
+    {"chatglm", kBlock, kChatglm},
+    {"deepseek_v2", kBlock, kDeepseek},  // modeling_deepseek_v2 apply_rotary_emb: view_as_complex
+    // modeling_deepseek_v3 apply_rotary_pos_emb_interleave (rope_interleave, the default).
+    {"deepseek_v3", kBlock, kDeepseek},
+    // modeling_llama4 apply_rotary_emb: view_as_complex with freqs_cis; Llama4TextConfig builds no_rope_layers.
+    {"llama4", kBlock, kLlama4}, {"llama4_text", kBlock, kLlama4},
+    // modeling_ernie4_5 / modeling_ernie4_5_moe rotate_half over 0::2 / 1::2, cos/sin repeat_interleave.
+    {"ernie4_5", kBlock, kPlain}, {"ernie4_5_moe", kBlock, kPlain},
+    // modeling_ernie4_5_vl_moe: the same pairing; its M-RoPE alternates h / w pairs, then t.
+    {"ernie4_5_vl_moe", kBlock, kErnieVl}, {"ernie4_5_vl_moe_text", kBlock, kErnieVl},
+    {"helium", kBlock, kPlain},  // modeling_helium rotate_half over x[..., 0::2], x[..., 1::2]
     // rotate_half: pair p = channels (p, p + r/2).
     {"llama", kHalf, kPlain}, {"mistral", kHalf, kPlain}, {"mixtral", kHalf, kPlain},
     {"ministral", kHalf, kPlain}, {"ministral3", kHalf, kPlain}, {"mistral3", kHalf, kPlain},
     {"qwen2", kHalf, kPlain}, {"qwen2_moe", kHalf, kPlain}, {"qwen3", kHalf, kPlain}, {"qwen3_moe", kHalf, kPlain},
-    {"qwen3_next", kHalf, kLinearNoPe}, {"qwen2_vl", kHalf, kPlain}, {"qwen2_vl_text", kHalf, kPlain},
-    {"qwen2_5_vl", kHalf, kPlain}, {"qwen2_5_vl_text", kHalf, kPlain}, {"qwen3_vl", kHalf, kQwen3Vl},
-    {"qwen3_vl_text", kHalf, kQwen3Vl}, {"qwen3_vl_moe", kHalf, kQwen3Vl}, {"qwen3_vl_moe_text", kHalf, kQwen3Vl},
-    {"gemma", kHalf, kPlain}, {"gemma2", kHalf, kGemmaScalar}, {"gemma3", kHalf, kGemma3 | kGemmaScalar},
-    {"gemma3_text", kHalf, kGemma3 | kGemmaScalar}, {"gemma4", kHalf, kGemma4}, {"gemma4_text", kHalf, kGemma4},
-    {"phi", kHalf, kPlain}, {"phi3", kHalf, kPhi3}, {"phimoe", kHalf, kPlain}, {"gpt_neox", kHalf, kPlain},
-    {"gpt_oss", kHalf, kPlain}, {"glm4_moe", kHalf, kPlain}, {"glm4v_moe", kHalf, kPlain},
+    // Qwen3NextDecoderLayer: linear_attn takes no position embeddings; Qwen3NextConfig.__post_init__ defaults.
+    {"qwen3_next", kHalf, kLinearNoPe | kQwen3Next},
+    {"qwen2_vl", kHalf, kPlain}, {"qwen2_vl_text", kHalf, kPlain},
+    {"qwen2_5_vl", kHalf, kPlain}, {"qwen2_5_vl_text", kHalf, kPlain},
+    // modeling_qwen3_vl Qwen3VLTextRotaryEmbedding.apply_interleaved_mrope: M-RoPE always interleaved.
+    {"qwen3_vl", kHalf, kQwen3Vl}, {"qwen3_vl_text", kHalf, kQwen3Vl}, {"qwen3_vl_moe", kHalf, kQwen3Vl},
+    {"qwen3_vl_moe_text", kHalf, kQwen3Vl},
+    {"gemma", kHalf, kPlain},
+    {"gemma2", kHalf, kGemmaScalar},  // Gemma2Attention: scaling = query_pre_attn_scalar ** -0.5
+    // Gemma3TextConfig defaults, rope_local_base_freq for sliding layers; Gemma3Attention's query_pre_attn_scalar.
+    {"gemma3", kHalf, kGemma3 | kGemmaScalar}, {"gemma3_text", kHalf, kGemma3 | kGemmaScalar},
+    // Gemma4TextAttention: global_head_dim on full_attention layers, scaling = 1.0.
+    {"gemma4", kHalf, kGemma4}, {"gemma4_text", kHalf, kGemma4},
+    {"phi", kHalf, kPlain},
+    {"phi3", kHalf, kPhi3},  // Phi3Config: a legacy "type" of "su" / "yarn" is longrope
+    {"phimoe", kHalf, kPlain}, {"gpt_neox", kHalf, kPlain},
+    {"gpt_oss", kHalf, kPlain},  // modeling_gpt_oss _apply_rotary_emb: torch.chunk halves, the same pairing
+    {"glm4_moe", kHalf, kPlain}, {"glm4v_moe", kHalf, kPlain},
     {"glm4v_moe_text", kHalf, kPlain}, {"stablelm", kHalf, kPlain}, {"starcoder2", kHalf, kPlain},
     {"falcon", kHalf, kPlain}, {"olmo", kHalf, kPlain}, {"olmo2", kHalf, kPlain}, {"granite", kHalf, kPlain},
-    {"granitemoe", kHalf, kPlain}, {"smollm3", kHalf, kPlain}, {"persimmon", kHalf, kPlain},
-    {"exaone4", kHalf, kExaone4},
+    {"granitemoe", kHalf, kPlain}, {"olmoe", kHalf, kPlain}, {"persimmon", kHalf, kPlain},
+    {"smollm3", kHalf, kNopeInterval},  // SmolLM3Attention: use_rope = no_rope_layers[layer_idx]
+    {"exaone4", kHalf, kExaone4},       // Exaone4Attention.forward: sliding_window is None or is_sliding
     // ALiBi instead of RoPE: refused.
     {"bloom", kHalf, kAlibi}, {"mpt", kHalf, kAlibi},
 };
@@ -107,6 +139,8 @@ inline Family family_from_row(const FamilyRow& row) {
   f.alibi = has(kAlibi);
   f.linear_nope = has(kLinearNoPe);
   f.exaone4 = has(kExaone4);
+  f.qwen3_next = has(kQwen3Next);
+  f.nope_interval = has(kNopeInterval) || has(kLlama4);
   return f;
 }
 
@@ -116,13 +150,6 @@ inline const FamilyRow* family_row(const std::string& model_type) {
     if (model_type == row.model_type) return &row;
   }
   return nullptr;
-}
-
-// The family of a model_type; a type not in the table is a plain family of
-// unknown pairing (rotate_half, known = false).
-inline Family family_of(const std::string& model_type) {
-  const FamilyRow* row = family_row(model_type);
-  return row != nullptr ? family_from_row(*row) : Family{};
 }
 
 // The family an architectures entry names, as the reference's class names

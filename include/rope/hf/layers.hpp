@@ -40,24 +40,54 @@ struct Config {
   Reader single_entry() const { return entry(block.json, block.path); }
 };
 
-inline void require_layers(const Reader& cfg, const ModelRope& model, const char* why) {
+inline void require_layers(const Reader& cfg, const ModelRope& model, const std::string& why) {
   if (model.num_layers == 0) cfg.missing("num_hidden_layers", why);
 }
 
-// Layer types named by a pattern: layer i is sliding unless (i + 1) is a
-// multiple of sliding_window_pattern (Gemma 3, Cohere 2 without layer_types).
-inline void sliding_pattern(Config& config, const ModelRope& model, std::size_t fallback) {
+// Layer types named by an interval: layer i is full_attention when (i + 1)
+// is a multiple of the interval, else `other`.
+inline void interval_pattern(Config& config, const ModelRope& model, const char* key, std::size_t fallback,
+                             const char* other) {
   if (!config.layer_types.empty()) return;
-  require_layers(config.cfg(), model, "the sliding-window pattern spans them");
-  const std::size_t pattern = config.cfg().positive_count("sliding_window_pattern").value_or(fallback);
+  require_layers(config.cfg(), model, "layer_types are built from " + std::string(key));
+  const std::size_t interval = config.cfg().positive_count(key).value_or(fallback);
   for (std::size_t i = 0; i < model.num_layers; ++i) {
-    config.layer_types.push_back((i + 1) % pattern != 0 ? "sliding_attention" : "full_attention");
+    config.layer_types.push_back((i + 1) % interval != 0 ? other : "full_attention");
   }
+}
+
+// Layer i is sliding unless (i + 1) is a multiple of sliding_window_pattern
+// (Gemma 3, Cohere 2, Exaone 4 without layer_types).
+inline void sliding_pattern(Config& config, const ModelRope& model, std::size_t fallback) {
+  interval_pattern(config, model, "sliding_window_pattern", fallback, "sliding_attention");
+}
+
+// Exaone 4 has a sliding window unless its config sets sliding_window to
+// null: Exaone4Config's field defaults to 4096 when the key is absent.
+inline bool exaone4_windowed(const Reader& cfg) {
+  return !(cfg.present("sliding_window") && cfg.object()->at("sliding_window").is_null());
+}
+
+// Exaone4Config.__post_init__ without layer_types: layer i is sliding unless
+// (i + 1) is a multiple of sliding_window_pattern (default 4). A null
+// sliding_window sets the pattern to 0 (the reference then divides by zero)
+// and a string pattern ("LLLG") cannot be divided by: both are refused.
+inline void exaone4_layer_types(Config& config, const ModelRope& model) {
+  if (!config.layer_types.empty()) return;
+  const Reader& cfg = config.cfg();
+  if (!exaone4_windowed(cfg)) {
+    cfg.missing("layer_types", "with sliding_window null Exaone4Config builds them from a pattern of 0");
+  }
+  if (cfg.present("sliding_window_pattern") && cfg.object()->at("sliding_window_pattern").is_null()) {
+    cfg.bad("sliding_window_pattern", "a whole number > 0 (layer_types are built from it)", nullptr);
+  }
+  sliding_pattern(config, model, 4);
 }
 
 // num_hidden_layers and the type of each layer (layer_types, or a pattern).
 inline void read_layer_types(Config& config, ModelRope& model) {
   const Reader& cfg = config.cfg();
+  const Family& family = config.context.family;
   const auto layer_count = cfg.has("num_hidden_layers") ? cfg.positive_count("num_hidden_layers")
                            : cfg.has("num_layers")      ? cfg.positive_count("num_layers")
                                                         : cfg.positive_count("n_layer");
@@ -71,8 +101,13 @@ inline void read_layer_types(Config& config, ModelRope& model) {
       config.layer_types.push_back((*types)[i].get<std::string>());
     }
   }
-  if (config.context.family.gemma3 || cfg.has("rope_local_base_freq")) sliding_pattern(config, model, 6);
-  if (config.context.family.cohere2) sliding_pattern(config, model, 4);
+  if (family.gemma3 || cfg.has("rope_local_base_freq")) sliding_pattern(config, model, 6);
+  if (family.cohere2) sliding_pattern(config, model, 4);
+  if (family.exaone4) exaone4_layer_types(config, model);
+  // Qwen3NextConfig.__post_init__ without layer_types: every
+  // full_attention_interval-th layer (default 4) is full attention, the rest
+  // linear_attention.
+  if (family.qwen3_next) interval_pattern(config, model, "full_attention_interval", 4, "linear_attention");
 }
 
 // The rope block holds one entry per layer type: every key of it names one.
@@ -142,7 +177,8 @@ inline LayerRope rotating_kind(const Config& config, const std::string& type) {
 }
 
 // no_rope_layers[i] = 1: layer i rotates; an empty or absent list is built
-// from the interval (every interval-th layer has no RoPE).
+// from the interval (every interval-th layer has no RoPE): Llama4TextConfig
+// and SmolLM3Config.__post_init__ build it so, the interval defaulting to 4.
 inline std::vector<std::size_t> rotating_layer_flags(const Config& config, ModelRope& model) {
   const Reader& cfg = config.cfg();
   auto flags = cfg.count_list("no_rope_layers").value_or(std::vector<std::size_t>{});
@@ -171,7 +207,7 @@ inline bool type_rotates(const Config& config, const std::string& type) {
   const Family& f = config.context.family;
   if (f.linear_nope && type == "linear_attention") return false;
   if (f.cohere2) return type == "sliding_attention";
-  if (f.exaone4 && config.cfg().has("sliding_window")) return type == "sliding_attention";
+  if (f.exaone4 && exaone4_windowed(config.cfg())) return type == "sliding_attention";
   return true;
 }
 
@@ -181,11 +217,8 @@ inline void read_kinds(const Config& config, ModelRope& model) {
   const Reader& cfg = config.cfg();
   const Family& family = config.context.family;
   const std::vector<std::string>& types = config.layer_types;
-  if (family.exaone4 && types.empty() && cfg.has("sliding_window")) {
-    cfg.missing("layer_types", "Exaone 4 rotates only its sliding-window layers");
-  }
   std::vector<std::size_t> flags;
-  if (cfg.has("no_rope_layers") || cfg.has("no_rope_layer_interval") || family.llama4) {
+  if (cfg.has("no_rope_layers") || cfg.has("no_rope_layer_interval") || family.nope_interval) {
     flags = rotating_layer_flags(config, model);
   }
   if (!types.empty()) {

@@ -75,6 +75,9 @@ inline Partial partial_rotary(const Context& c, const Reader& entry) {
     partial.factor = entry.number("partial_rotary_factor");
     partial.key = entry.path("partial_rotary_factor");
   }
+  // Qwen3NextConfig.__post_init__ defaults the partial_rotary_factor kwarg
+  // to 0.25, which the rope parameters take unless they hold their own.
+  if (!partial.factor && c.family.qwen3_next) partial.factor = 0.25;
   if (partial.factor && !(*partial.factor >= 0.0 && *partial.factor <= 1.0)) {
     fail(cfg.fn(), partial.key, "in [0, 1]", to_text(*partial.factor));
   }

@@ -73,7 +73,7 @@ ROTATION_OF_FAMILY = {
 HALF_FAMILIES = {
     "exaone4", "falcon", "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm4_moe",
     "glm4v_moe", "glm4v_moe_text", "gpt_neox", "gpt_oss", "granite", "granitemoe", "llama", "ministral",
-    "ministral3", "mistral", "mistral3", "mixtral", "olmo", "olmo2", "persimmon", "phi", "phi3", "phimoe",
+    "ministral3", "mistral", "mistral3", "mixtral", "olmo", "olmo2", "olmoe", "persimmon", "phi", "phi3", "phimoe",
     "qwen2", "qwen2_5_vl", "qwen2_5_vl_text", "qwen2_moe", "qwen2_vl", "qwen2_vl_text", "qwen3", "qwen3_moe",
     "qwen3_next", "qwen3_vl", "qwen3_vl_moe", "qwen3_vl_moe_text", "qwen3_vl_text", "smollm3", "stablelm",
     "starcoder2",
@@ -126,6 +126,10 @@ PROBES = {
     "constructed_exaone4_global_nope.json": {"layers": [0, 3]},
     "constructed_gemma3_yarn_full_only.json": {"layers": [0, 5]},
     "constructed_smollm3_no_rope_layers.json": {"layers": [0, 3]},
+    "constructed_qwen3_next_defaults.json": {"layers": [0, 2, 3, 7]},
+    "constructed_smollm3_interval_default.json": {"layers": [0, 3, 4, 7]},
+    "constructed_exaone4_window_defaults.json": {"layers": [0, 3, 4, 7]},
+    "constructed_exaone4_no_window.json": {"layers": [0, 3]},
 }
 
 
@@ -285,6 +289,10 @@ def standardize(cfg, model_type, per_layer_types):
         entry.setdefault("rope_theta", theta)
         if partial is not None:
             entry["partial_rotary_factor"] = partial
+        elif model_type == "qwen3_next":
+            # Qwen3NextConfig.__post_init__: kwargs.setdefault("partial_rotary_factor", 0.25), which the
+            # standardisation sets on the parameters as a default (their own value wins).
+            entry.setdefault("partial_rotary_factor", 0.25)
         if rope_type in ("llama3", "yarn", "longrope"):
             if top_original is not None:
                 entry["original_max_position_embeddings"] = top_original
@@ -330,6 +338,19 @@ def describe(name, root):
     if layer_types is None and (gemma3 or model_type == "cohere2"):
         pattern = cfg.get("sliding_window_pattern", 6 if gemma3 else 4)
         layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+    # Exaone4Config: sliding_window is a field defaulting to 4096 (an absent key keeps it), None only when
+    # the config says null.
+    exaone4_window = model_type == "exaone4" and not ("sliding_window" in cfg.d and cfg.d["sliding_window"] is None)
+    if layer_types is None and model_type == "exaone4":
+        # Exaone4Config.__post_init__: a None sliding_window sets sliding_window_pattern to 0; layer_types are
+        # "sliding_attention" where (i + 1) % sliding_window_pattern (default 4) is non-zero.
+        pattern = cfg.d.get("sliding_window_pattern", 4) if exaone4_window else 0
+        layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+    if layer_types is None and model_type == "qwen3_next":
+        # Qwen3NextConfig.__post_init__: interval = kwargs.pop("full_attention_interval", 4); layer i is
+        # "linear_attention" where (i + 1) % interval is non-zero, else "full_attention".
+        interval = cfg.get("full_attention_interval", 4)
+        layer_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(num_layers)]
     entries = standardize(cfg, model_type, layer_types)
     local_base = gemma3 or cfg.has("rope_local_base_freq")
     if None not in entries:
@@ -375,8 +396,9 @@ def describe(name, root):
 
     # Which layers apply RoPE, as each family's attention decides.
     flags = None
-    if cfg.has("no_rope_layers") or model_type in ("llama4", "llama4_text"):
-        # Llama4TextConfig / SmolLM3Config: no_rope_layers[i] == 0 marks a NoPE layer.
+    if cfg.has("no_rope_layers") or model_type in ("llama4", "llama4_text", "smollm3"):
+        # Llama4TextConfig / SmolLM3Config: no_rope_layers[i] == 0 marks a NoPE layer; when None,
+        # SmolLM3Config.__post_init__ builds int((i + 1) % no_rope_layer_interval != 0), interval default 4.
         flags = cfg.get("no_rope_layers") or [int((i + 1) % cfg.get("no_rope_layer_interval", 4) != 0)
                                                for i in range(num_layers)]
 
@@ -388,7 +410,7 @@ def describe(name, root):
             return False  # Qwen3NextDecoderLayer: linear_attn (gated delta net) gets no position embeddings
         if model_type == "cohere2":
             return t == "sliding_attention"  # Cohere2Attention: RoPE only where sliding_window is set
-        if model_type == "exaone4" and cfg.has("sliding_window"):
+        if exaone4_window:
             return t == "sliding_attention"  # Exaone4Attention: sliding_window is None or self.is_sliding
         return True
 
