@@ -273,6 +273,7 @@ void expect_same_bytes_for_any_thread_count(F&& run, const std::string& what) {
   for (const std::size_t threads : {2, 3, 5, 8, 9, 64}) {
     EXPECT_TRUE(at::same_bytes(one, run(threads))) << what << ", threads " << threads;
   }
+}
 
 // A decode step reading K in place (a cache of rotated keys) splits the
 // key/value heads into min(heads, threads) ranges, so the work each thread
