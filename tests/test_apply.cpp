@@ -384,6 +384,63 @@ TEST(ApplyDouble, InverseUndoesForward) {
   for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(x[i], original[i], 1e-14) << i;
 }
 
+// View::slice_heads selects heads first .. first+count-1 of any layout:
+// rotating the slice equals rotating the whole tensor on those heads, bit
+// for bit (each head is rotated on its own), and leaves every other head's
+// bytes as they were.
+template <bool HeadMajor>
+void expect_slice_heads_rotates_those_heads_alone() {
+  constexpr std::size_t kTokens = 5, kHeads = 6, kHeadDim = 32, kFirst = 2, kCount = 3;
+  const rope::Table<float> table(rope::frequencies(kHeadDim), 1000);
+  const auto positions = random_positions(kTokens, 1000, 51);
+  const auto original = random_tensor<float>(kTokens * kHeads * kHeadDim, 52);
+  const auto view_of = [](float* d) {
+    return HeadMajor ? View<float>::head_major(d, kTokens, kHeads, kHeadDim)
+                     : View<float>::token_major(d, kTokens, kHeads, kHeadDim);
+  };
+  auto whole = original;
+  rope::apply(view_of(whole.data()), table, Style::rotate_half, positions.data());
+  auto sliced = original;
+  const View<float> slice = view_of(sliced.data()).slice_heads(kFirst, kCount);
+  ASSERT_EQ(slice.heads, kCount);
+  rope::apply(slice, table, Style::rotate_half, positions.data());
+  const View<float> ref = view_of(whole.data());
+  const View<float> got = view_of(sliced.data());
+  for (std::size_t t = 0; t < kTokens; ++t) {
+    for (std::size_t h = 0; h < kHeads; ++h) {
+      const bool in_slice = h >= kFirst && h < kFirst + kCount;
+      const float* want = in_slice ? ref.row(t, h) : original.data() + (got.row(t, h) - sliced.data());
+      EXPECT_EQ(std::memcmp(got.row(t, h), want, kHeadDim * sizeof(float)), 0)
+          << "token " << t << " head " << h << (in_slice ? " (rotated)" : " (untouched)");
+    }
+  }
+}
+
+TEST(ApplyViews, SliceHeadsRotatesThoseHeadsAlone) {
+  expect_slice_heads_rotates_those_heads_alone<false>();
+  expect_slice_heads_rotates_those_heads_alone<true>();
+}
+
+// Out of place with out == x is documented as in place: the same bits as the
+// in-place overload, for both styles and a partial rotary_dim (the copied
+// channels past it must survive being read and written through one pointer).
+TEST(ApplyViews, OutOfPlaceWithOutEqualToXIsInPlace) {
+  constexpr std::size_t kTokens = 7, kHeads = 3, kHeadDim = 40;
+  const rope::Table<float> table(rope::frequencies(32), 5000);
+  const auto positions = random_positions(kTokens, 5000, 61);
+  const auto original = random_tensor<float>(kTokens * kHeads * kHeadDim, 62);
+  for (const Style style : {Style::rotate_half, Style::block_diagonal}) {
+    auto in_place = original;
+    rope::apply(View<float>::token_major(in_place.data(), kTokens, kHeads, kHeadDim), table, style,
+                positions.data());
+    auto aliased = original;
+    const auto v = View<float>::token_major(aliased.data(), kTokens, kHeads, kHeadDim);
+    rope::apply<float>(View<const float>(v), v, table, style, positions.data());
+    EXPECT_EQ(std::memcmp(aliased.data(), in_place.data(), aliased.size() * sizeof(float)), 0) << rope::name(style);
+    EXPECT_NE(std::memcmp(aliased.data(), original.data(), aliased.size() * sizeof(float)), 0);
+  }
+}
+
 // ---- multi-axis positions ------------------------------------------------
 
 // y for one head from the angle of each pair given directly (double).

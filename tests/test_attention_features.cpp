@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include <Eigen/QR>
 
 #include <rope/attention.hpp>
 #include <rope/frequencies.hpp>
@@ -160,8 +159,13 @@ TEST(Features, SeededAndRedrawnOnlyOnRequest) {
 }
 
 // E10: with the sign fix the first coordinate of a block's first row is
-// positive about half the time. Without it (Eigen's Householder Q as is) it
-// is never positive: the premise the fix exists for.
+// positive about half the time (without it, a Householder Q's is never
+// positive). And the fix is the one the design names: each block is Q^T of
+// the unique QR of its Gaussian draw G with a positive diagonal, so
+// (W_block / sqrt(d)) * G = Q^T G = R must be upper triangular with R_ii > 0.
+// G is redrawn here from the documented stream (detail::Normal(seed), column
+// by column, block by block; sqrt_d row norms draw nothing more). A missing
+// fix, a fix of rows instead of columns, or a Q that is not G's fails.
 TEST(Features, SignFixMakesFirstCoordinateSymmetric) {
   const std::size_t d = 6, seeds = 300;
   std::size_t positive = 0, trials = 0;
@@ -178,14 +182,29 @@ TEST(Features, SignFixMakesFirstCoordinateSymmetric) {
   const double se = std::sqrt(trials * 0.25);
   EXPECT_LE(std::abs(double(positive) - trials / 2.0), 4 * se) << positive << " of " << trials;
 
-  std::mt19937 gen(1);
-  std::normal_distribution<double> normal;
-  for (int s = 0; s < 50; ++s) {
-    Eigen::MatrixXd g(d, d);
-    for (Eigen::Index i = 0; i < g.size(); ++i) g(i) = normal(gen);
-    const Eigen::HouseholderQR<Eigen::MatrixXd> qr(g);
-    const Eigen::MatrixXd q = qr.householderQ() * Eigen::MatrixXd::Identity(d, d);
-    EXPECT_LE(q(0, 0), 0.0);  // the first row of Q^T
+  const auto di = static_cast<Eigen::Index>(d);
+  for (std::uint64_t seed = 0; seed < 50; ++seed) {
+    FavorOptions fo;
+    fo.features = 2 * d;
+    fo.seed = seed;
+    fo.row_norms = RowNorms::sqrt_d;
+    const FavorFeatures phi(d, fo);
+    rope::attention::detail::Normal normal(seed);
+    for (Eigen::Index block = 0; block < 2; ++block) {
+      Eigen::MatrixXd g(di, di);
+      for (Eigen::Index c = 0; c < di; ++c) {
+        for (Eigen::Index r = 0; r < di; ++r) g(r, c) = normal();
+      }
+      const Eigen::MatrixXd r =
+          phi.projection().middleRows(block * di, di) * g / std::sqrt(static_cast<double>(d));
+      // |G| ~ sqrt(d) entries of order 1: 1e-12 is ~1e3 ulps of the sums.
+      for (Eigen::Index i = 0; i < di; ++i) {
+        EXPECT_GT(r(i, i), 1e-6) << "seed " << seed << " block " << block << " R(" << i << "," << i << ")";
+        for (Eigen::Index j = 0; j < i; ++j) {
+          EXPECT_NEAR(r(i, j), 0.0, 1e-12) << "seed " << seed << " block " << block << " R(" << i << "," << j << ")";
+        }
+      }
+    }
   }
 }
 

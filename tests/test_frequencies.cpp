@@ -91,35 +91,68 @@ struct YarnResult {
   LD lo, hi;
 };
 
+// YaRN from its published definitions, not from the library's code:
+//  - the YaRN paper (arXiv 2309.00071, section 3.2, "NTK-by-parts"): pair p
+//    makes r(p) = L0 / lambda_p = L0 * theta_p / (2 pi) full turns over the
+//    original context L0; pairs with r > beta_fast keep theta_p
+//    (extrapolation), pairs with r < beta_slow get theta_p / s
+//    (interpolation), a ramp blends between them: h = theta_p * ((1 - g) / s + g)
+//    with g the fraction kept;
+//  - the paper's reference code, whose documented semantics the checkpoints
+//    follow: the two boundaries are the (fractional) pair indices where r(p)
+//    equals beta_fast and beta_slow, rounded outwards (floor / ceil) unless
+//    truncation is off, clamped to [0, r - 1] (the rotary dimension, not the
+//    pair count, as the reference code does), widened by 0.001 if equal; the
+//    ramp is linear in the pair index between them;
+//  - the attention factor sqrt(1/t) = 0.1 ln(s) + 1 (paper, eq. 22), and the
+//    DeepSeek variant g(s, mscale) / g(s, mscale_all_dim) with
+//    g(s, m) = 0.1 m ln(s) + 1 (1 for s <= 1), unless given outright.
+// The boundary is found here by bisection on r(p), a different computation
+// from the library's closed-form logarithm.
 LD mscale_g(LD s, LD m) { return s <= 1 ? 1.0L : 0.1L * m * std::log(s) + 1.0L; }
 
+// Full turns of a pair at the fractional index x over L0 positions:
+// L0 * base^(-2x/r) / (2 pi), decreasing in x.
+LD turns(LD x, std::size_t r, LD base, LD l0) {
+  return l0 * std::pow(base, -2.0L * x / static_cast<LD>(r)) / (2 * kPi);
+}
+
+// The fractional pair index x at which turns(x) == n, by bisection over
+// [-4r, 4r] (the root may lie outside [0, r/2): it is clamped later).
+LD pair_at_turns(LD n, std::size_t r, LD base, LD l0) {
+  LD lo = -4.0L * static_cast<LD>(r), hi = 4.0L * static_cast<LD>(r);
+  for (int i = 0; i < 200; ++i) {
+    const LD mid = (lo + hi) / 2;
+    (turns(mid, r, base, l0) > n ? lo : hi) = mid;
+  }
+  return (lo + hi) / 2;
+}
+
 YarnResult yarn(std::size_t r, LD base, const rope::scaling::Yarn& y) {
-  const LD dim = static_cast<LD>(r);
   const LD l0 = static_cast<LD>(y.original_max_positions);
-  auto corr = [&](LD n) { return dim * std::log(l0 / (2 * kPi * n)) / (2 * std::log(base)); };
-  LD lo = corr(y.beta_fast), hi = corr(y.beta_slow);
+  const LD s = y.factor;
+  LD lo = pair_at_turns(y.beta_fast, r, base, l0);  // faster pairs keep theta_p
+  LD hi = pair_at_turns(y.beta_slow, r, base, l0);  // slower pairs get theta_p / s
   if (y.truncate) {
     lo = std::floor(lo);
     hi = std::ceil(hi);
   }
-  if (lo < 0) lo = 0;
-  if (hi > dim - 1) hi = dim - 1;
+  lo = std::max(lo, 0.0L);
+  hi = std::min(hi, static_cast<LD>(r) - 1);
   if (lo == hi) hi += 0.001L;
   YarnResult out{{}, 1.0L, lo, hi};
   for (std::size_t p = 0; p < r / 2; ++p) {
-    LD ramp = (static_cast<LD>(p) - lo) / (hi - lo);
-    if (ramp < 0) ramp = 0;
-    if (ramp > 1) ramp = 1;
-    const LD e = 1 - ramp;
-    const LD inv = plain(r, base, p);
-    out.inv.push_back(inv / y.factor * (1 - e) + inv * e);
+    // Fraction interpolated: 0 up to lo, 1 from hi, linear in p between.
+    const LD interpolated = std::min(1.0L, std::max(0.0L, (static_cast<LD>(p) - lo) / (hi - lo)));
+    const LD kept = 1 - interpolated;
+    out.inv.push_back(plain(r, base, p) * (kept + interpolated / s));
   }
   if (y.attention_factor) {
     out.attention = *y.attention_factor;
   } else if (y.mscale != 0 && y.mscale_all_dim != 0) {
-    out.attention = mscale_g(y.factor, y.mscale) / mscale_g(y.factor, y.mscale_all_dim);
+    out.attention = mscale_g(s, y.mscale) / mscale_g(s, y.mscale_all_dim);
   } else {
-    out.attention = mscale_g(y.factor, 1);
+    out.attention = mscale_g(s, 1);
   }
   return out;
 }

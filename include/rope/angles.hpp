@@ -7,6 +7,7 @@
 // The same computation as a rope::Table row (double angle, double cos/sin,
 // one rounding to T), so the values equal that row bit for bit: a decoder may
 // switch from a table to on-the-fly angles at any position without a seam.
+// Accuracy: docs/design.md ("Accuracy of tables and angles").
 // cos_out and sin_out each hold rotary_dim/2 contiguous values.
 #pragma once
 

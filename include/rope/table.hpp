@@ -6,10 +6,11 @@
 // Each angle m * theta_p is one double multiplication (never a running sum,
 // whose error grows with m), its cos/sin is taken in double (xsimd batches of
 // double, see detail/sincos.hpp), and the result is rounded once to T; a row
-// equals rope::angles at the same position bit for bit. A float table is
-// therefore within half an ulp of the exact value plus ~1e-16 relative: under
-// 2^-24 * max(1, attention_factor) absolute at any position, where angles
-// accumulated in float are already off by ~1e-2 at m = 1e5.
+// equals rope::angles at the same position bit for bit. Accuracy, stated
+// once in docs/design.md ("Accuracy of tables and angles"): a float entry is
+// within 1/2 ulp + 2^-27 ulp of attention_factor * cos/sin of the double
+// angle, a double entry within 3 ulps, at any position (angles accumulated in
+// float are already off by ~1e-2 at m = 1e5).
 //
 // Layout: position m owns a block of rotary_dim values: rotary_dim/2 cosines,
 // then rotary_dim/2 sines, so one row kernel call touches one cache-friendly

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <stdexcept>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include <rope/angles.hpp>
+#include <rope/detail/parallel.hpp>
 #include <rope/apply.hpp>
 #include <rope/frequencies.hpp>
 #include <rope/kernels.hpp>
@@ -244,6 +247,43 @@ TEST(Concurrency, ExecutorWithoutWorkersIsRefused) {
             "rope::apply_qk: " + tail);
   EXPECT_TRUE(same_bits(x, before));
   EXPECT_EQ(backwards.tasks_run, 0u);
+}
+
+// detail::parallel_for: an exception thrown by a work item on one worker (a
+// started thread, not the caller) is rethrown by the call only after every
+// thread has joined: when the caller catches it, every item of the other
+// workers has run exactly once, although they were still sleeping when the
+// item threw. The throwing worker's share stops at the throwing item (the
+// items before it ran, none after it).
+TEST(Concurrency, ParallelForRethrowsAWorkersExceptionAfterAllJoined) {
+  constexpr std::size_t kCount = 40, kThreads = 4;  // shares of 10 items
+  constexpr std::size_t kThrowing = 23;              // worker 2's fourth item
+  std::vector<std::atomic<int>> runs(kCount);
+  for (auto& r : runs) r = 0;
+  std::vector<std::size_t> worker_of(kCount, kThreads);
+  std::size_t caught = 0;
+  try {
+    rope::detail::parallel_for(kCount, kThreads, [&](std::size_t i, std::size_t w) {
+      worker_of[i] = w;
+      if (i == kThrowing) throw std::runtime_error("item 23");
+      if (w != 2) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      runs[i].fetch_add(1);
+    });
+    ADD_FAILURE() << "no exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "item 23");
+    ++caught;
+    // Read here, in the handler: the joins must already have happened.
+    for (std::size_t i = 0; i < kCount; ++i) {
+      const std::size_t w = i / (kCount / kThreads);
+      const int expected = (w != 2 || i < kThrowing) ? 1 : 0;
+      EXPECT_EQ(runs[i].load(), expected) << "item " << i;
+      if (i <= kThrowing || w != 2) {
+        EXPECT_EQ(worker_of[i], w) << "item " << i;
+      }
+    }
+  }
+  EXPECT_EQ(caught, 1u);
 }
 
 }  // namespace

@@ -16,6 +16,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <rope/apply.hpp>
+#include <rope/half.hpp>
 #include <rope/kernels.hpp>
 #include <rope/reference.hpp>
 #include <rope/table.hpp>
@@ -176,6 +178,63 @@ TYPED_TEST(NonFinite, InfinityInOneChannelOfAPair) {
       }
     }
   });
+}
+
+// 16-bit storage (BFloat16, Float16) with NaN and Inf: the 16-bit kernels
+// widen to float, rotate, and round once, so each output's class (NaN, +Inf,
+// -Inf, finite) is the float kernel's on the widened input, rounded to 16
+// bits, and finite outputs are the same bits. Every head vector without a
+// special value is bit for bit the clean result: nothing non-finite leaks.
+// Inputs stay below 4 in magnitude, so no finite value overflows Float16.
+template <class H>
+void expect_sixteen_bit_nonfinite_like_float() {
+  constexpr std::size_t kHeadDim = 40, kRotary = 32, n = kTokens * kHeads * kHeadDim;
+  const rope::Table<float> table(rope::frequencies(kRotary), kPositions[kTokens - 1] + 1);
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity()};
+  const std::int64_t positions[kTokens] = {0, 1, 77, 1000};
+  std::mt19937 gen(20260602u);
+  std::size_t nonfinite = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const Style style = trial % 2 ? Style::block_diagonal : Style::rotate_half;
+    const auto values = rope_test::random_vector<float>(n, static_cast<std::uint32_t>(trial), 2.0);
+    std::vector<H> in(n);
+    for (std::size_t i = 0; i < n; ++i) in[i] = H(values[i]);
+    const auto clean = in;
+    const std::size_t row0 = (gen() % (kTokens * kHeads)) * kHeadDim;
+    for (std::size_t k = 0, count = 1 + gen() % 3; k < count; ++k) {
+      in[row0 + gen() % kHeadDim] = H(specials[gen() % 3]);
+    }
+    std::vector<float> wide(n);
+    for (std::size_t i = 0; i < n; ++i) wide[i] = static_cast<float>(in[i]);
+    rope::apply(rope::View<float>::token_major(wide.data(), kTokens, kHeads, kHeadDim), table, style, positions);
+    std::vector<H> out(n), out_clean(n);
+    rope::apply(rope::View<const H>::token_major(in.data(), kTokens, kHeads, kHeadDim),
+                rope::View<H>::token_major(out.data(), kTokens, kHeads, kHeadDim), table, style, positions);
+    rope::apply(rope::View<const H>::token_major(clean.data(), kTokens, kHeads, kHeadDim),
+                rope::View<H>::token_major(out_clean.data(), kTokens, kHeads, kHeadDim), table, style, positions);
+    for (std::size_t i = 0; i < n; ++i) {
+      const H expected(wide[i]);
+      const Kind want = kind_of(static_cast<float>(expected)), got = kind_of(static_cast<float>(out[i]));
+      ASSERT_STREQ(name(got), name(want)) << "trial " << trial << " element " << i;
+      if (want == Kind::finite) {
+        ASSERT_EQ(std::memcmp(&out[i], &expected, sizeof(H)), 0) << "trial " << trial << " element " << i;
+      } else {
+        ++nonfinite;
+      }
+      if (i < row0 || i >= row0 + kHeadDim) {
+        ASSERT_EQ(std::memcmp(&out[i], &out_clean[i], sizeof(H)), 0) << "trial " << trial << " element " << i;
+      }
+    }
+  }
+  EXPECT_GT(nonfinite, 200u);
+}
+
+TEST(NonFiniteSixteenBit, BFloat16PropagatesExactlyWhereFloatDoes) {
+  expect_sixteen_bit_nonfinite_like_float<rope::BFloat16>();
+}
+TEST(NonFiniteSixteenBit, Float16PropagatesExactlyWhereFloatDoes) {
+  expect_sixteen_bit_nonfinite_like_float<rope::Float16>();
 }
 
 }  // namespace

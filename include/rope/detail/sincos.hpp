@@ -5,9 +5,10 @@
 // scalar loop. Its cos/sin is rope's own: a Cody-Waite reduction by pi/2
 // split in pieces of 33, 33 and 53 bits (exact while the quadrant count stays
 // below 2^20) and Taylor polynomials to degree 17/18 on [-pi/4, pi/4], whose
-// truncation (< 1e-19) is far below the rounding; each double is within a
-// few ulps (~2e-16) of the exact value, so the one rounding to float keeps
-// every entry within 2^-24 (times the attention factor, if above 1) of it.
+// truncation (< 1e-19) is far below the rounding. The accuracy of the result
+// (double: 3 ulps with the attention factor; float: 1/2 ulp + 2^-27 ulp) is
+// stated once, with how it was measured, in docs/design.md ("Accuracy of
+// tables and angles").
 // A batch holding any angle above kSimdAngleLimit goes lane by lane through
 // std::cos/std::sin, so the guarantee holds for every angle.
 //
@@ -37,7 +38,7 @@
 
 namespace rope::detail {
 
-// |angle| below which the SIMD path is exact to ~1 ulp: the quadrant count n
+// |angle| below which the SIMD reduction is exact: the quadrant count n
 // stays below 2^20, so n times a 33-bit piece of pi/2 is an exact double.
 inline constexpr double kSimdAngleLimit = 1048576.0;  // 2^20
 
@@ -65,8 +66,8 @@ ROPE_SINCOS_INLINE B nearest_integer(const B& v) noexcept {
   return (v + B(kRoundMagic)) - B(kRoundMagic);
 }
 
-// sin and cos of every lane of x, |x| <= kSimdAngleLimit, within ~2 ulps of
-// the exact values. Written with arithmetic and select only, so it means the
+// sin and cos of every lane of x, |x| <= kSimdAngleLimit (accuracy: see the
+// header comment). Written with arithmetic and select only, so it means the
 // same in every xsimd version and on every instruction set.
 template <class Arch>
 ROPE_SINCOS_INLINE void sincos_batch(const xsimd::batch<double, Arch>& x, xsimd::batch<double, Arch>& sin_x,
