@@ -34,8 +34,7 @@ void register_builds(const char* type) {
     for (Placement p : {Placement::in_place, Placement::out_of_place}) {
       const std::string suffix = "/" + std::string(type) + "/" + name(p) + "/t1/" + shape.q.name;
       benchmark::RegisterBenchmark(("apply_baseline" + suffix).c_str(), apply_case<T>, shape, p, 1)->UseRealTime();
-      benchmark::RegisterBenchmark(("apply_dispatch" + suffix).c_str(), dispatch_case<T>, shape, p, 1)
-          ->UseRealTime();
+      benchmark::RegisterBenchmark(("apply_dispatch" + suffix).c_str(), dispatch_case<T>, shape, p, 1)->UseRealTime();
     }
   }
 }

@@ -24,8 +24,8 @@ void register_type(const char* type) {
         placements.push_back(Placement::out_of_place_streaming);
       }
       for (Placement p : placements) {
-        benchmark::RegisterBenchmark(("apply/" + std::string(type) + "/" + name(p) + suffix).c_str(),
-                                     apply_case<T>, shape, p, threads)
+        benchmark::RegisterBenchmark(("apply/" + std::string(type) + "/" + name(p) + suffix).c_str(), apply_case<T>,
+                                     shape, p, threads)
             ->UseRealTime();
       }
     }

@@ -123,8 +123,7 @@ void decode_softmax_step(benchmark::State& state) {
   const ra::Rotation<float> rotation{&c.table, rope::Style::rotate_half};
   for (auto _ : state) {
     ra::KvCache<float> cache{rope::View<float>::token_major(c.k_cache.data(), kCache, kKvHeads, kHeadDim),
-                             rope::View<float>::token_major(c.v_cache.data(), kCache, kKvHeads, kHeadDim),
-                             kCache - 1};
+                             rope::View<float>::token_major(c.v_cache.data(), kCache, kKvHeads, kHeadDim), kCache - 1};
     ra::softmax_step<float>(rope::View<const float>::token_major(c.q.data(), 1, kQHeads, kHeadDim),
                             rope::View<const float>::token_major(c.k_new.data(), 1, kKvHeads, kHeadDim),
                             rope::View<const float>::token_major(c.v_new.data(), 1, kKvHeads, kHeadDim), cache,
@@ -183,15 +182,11 @@ void sweep(benchmark::State& state, Sweep kind, std::size_t l) {
   lo.causal = true;
   for (auto _ : state) {
     switch (kind) {
-      case Sweep::softmax:
-        ra::softmax<float>(qv, kv, vv, ov, {&table, rope::Style::rotate_half}, so);
-        break;
+      case Sweep::softmax: ra::softmax<float>(qv, kv, vv, ov, {&table, rope::Style::rotate_half}, so); break;
       case Sweep::linear_eq19:
         ra::linear_eq19<float>(qv, kv, vv, ov, phi, {&feature_table, rope::Style::rotate_half}, lo);
         break;
-      case Sweep::linear:
-        ra::linear<float>(qv, kv, vv, ov, phi, lo, {&table, rope::Style::rotate_half});
-        break;
+      case Sweep::linear: ra::linear<float>(qv, kv, vv, ov, phi, lo, {&table, rope::Style::rotate_half}); break;
     }
     benchmark::DoNotOptimize(out.data());
   }
@@ -210,11 +205,15 @@ const bool kRegistered = [] {
   benchmark::RegisterBenchmark("attention/prefill/gemm_same_flops", prefill_gemm)
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime();
-  benchmark::RegisterBenchmark("attention/decode/softmax", decode_softmax)->Unit(benchmark::kMicrosecond)->UseRealTime();
+  benchmark::RegisterBenchmark("attention/decode/softmax", decode_softmax)
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
   benchmark::RegisterBenchmark("attention/decode/softmax_step", decode_softmax_step)
       ->Unit(benchmark::kMicrosecond)
       ->UseRealTime();
-  benchmark::RegisterBenchmark("attention/decode/memcpy_kv", decode_memcpy)->Unit(benchmark::kMicrosecond)->UseRealTime();
+  benchmark::RegisterBenchmark("attention/decode/memcpy_kv", decode_memcpy)
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
   for (const std::size_t l : kLengths) {
     const std::string suffix = "/L" + std::to_string(l);
     benchmark::RegisterBenchmark(("attention/scaling/softmax" + suffix).c_str(), sweep, Sweep::softmax, l)

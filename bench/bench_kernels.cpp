@@ -85,16 +85,12 @@ struct Variant {
 };
 
 constexpr Variant kSimd{"simd", Impl::simd, Placement::out_of_place, Direction::forward};
-constexpr Variant kReference{"reference", Impl::reference, Placement::out_of_place,
-                             Direction::forward};
-constexpr Variant kSimdInPlace{"simd_in_place", Impl::simd, Placement::in_place,
-                               Direction::forward};
-constexpr Variant kSimdInverse{"simd_inverse", Impl::simd, Placement::out_of_place,
-                               Direction::inverse};
-constexpr Variant kReferenceInPlace{"reference_in_place", Impl::reference, Placement::in_place,
-                                    Direction::forward};
-constexpr Variant kSimdUnaligned{"simd_unaligned", Impl::simd, Placement::out_of_place,
-                                 Direction::forward, kUnalignedOffset};
+constexpr Variant kReference{"reference", Impl::reference, Placement::out_of_place, Direction::forward};
+constexpr Variant kSimdInPlace{"simd_in_place", Impl::simd, Placement::in_place, Direction::forward};
+constexpr Variant kSimdInverse{"simd_inverse", Impl::simd, Placement::out_of_place, Direction::inverse};
+constexpr Variant kReferenceInPlace{"reference_in_place", Impl::reference, Placement::in_place, Direction::forward};
+constexpr Variant kSimdUnaligned{"simd_unaligned", Impl::simd, Placement::out_of_place, Direction::forward,
+                                 kUnalignedOffset};
 
 // The inputs of the big shapes take a while to fill and Google Benchmark
 // calls a case several times while it sizes the run, so they are made once.
@@ -135,8 +131,7 @@ struct Case {
 template <Style S, Impl I>
 void rotate_tensor(benchmark::State& state, Case c, Variant v) {
   const Shape& shape = c.shape;
-  const auto& t =
-      table(shape.rotary_dim, std::max(c.table_positions, c.first_position + shape.tokens));
+  const auto& t = table(shape.rotary_dim, std::max(c.table_positions, c.first_position + shape.tokens));
   const Buffer& in = input(shape);
   // In place rotates its own copy of the input over and over: rotations keep
   // the norm, so the values stay in range however many iterations run.
@@ -195,8 +190,7 @@ void copy_tensor(benchmark::State& state, Shape shape) {
 
 template <Style S>
 void register_variant(const Case& c, const Variant& v) {
-  const std::string name =
-      std::string("kernel/") + rope::name(S) + "/" + v.name + "/" + c.shape.name;
+  const std::string name = std::string("kernel/") + rope::name(S) + "/" + v.name + "/" + c.shape.name;
   if (v.impl == Impl::simd) {
     benchmark::RegisterBenchmark(name.c_str(), rotate_tensor<S, Impl::simd>, c, v);
   } else {
@@ -207,22 +201,18 @@ void register_variant(const Case& c, const Variant& v) {
 void register_shape(const Case& c, std::initializer_list<Variant> variants) {
   for (const Variant& v : variants) register_variant<Style::rotate_half>(c, v);
   for (const Variant& v : variants) register_variant<Style::block_diagonal>(c, v);
-  benchmark::RegisterBenchmark((std::string("kernel/-/memcpy/") + c.shape.name).c_str(),
-                               copy_tensor, c.shape);
+  benchmark::RegisterBenchmark((std::string("kernel/-/memcpy/") + c.shape.name).c_str(), copy_tensor, c.shape);
 }
 
 const bool registered = [] {
   // The architecture the kernels were compiled for, in the JSON's context.
   benchmark::AddCustomContext("rope_simd_arch", xsimd::default_arch::name());
   register_shape({rope_bench::kL2Small, 0, 0},
-                 {kSimd, kReference, kSimdInPlace, kReferenceInPlace, kSimdInverse,
-                  kSimdUnaligned});
+                 {kSimd, kReference, kSimdInPlace, kReferenceInPlace, kSimdInverse, kSimdUnaligned});
   register_shape({rope_bench::kEncoderSmall, 0, 0}, {kSimd, kReference, kSimdInPlace});
-  register_shape({rope_bench::kLlama3Prefill, 0, 0},
-                 {kSimd, kReference, kSimdInPlace, kSimdInverse, kSimdUnaligned});
+  register_shape({rope_bench::kLlama3Prefill, 0, 0}, {kSimd, kReference, kSimdInPlace, kSimdInverse, kSimdUnaligned});
   register_shape({rope_bench::kNeox20bPartial, 0, 0}, {kSimd, kReference, kSimdInPlace});
-  register_shape({rope_bench::kLlama3Decode, rope_bench::kDecodePosition,
-                  rope_bench::kDecodeTablePositions},
+  register_shape({rope_bench::kLlama3Decode, rope_bench::kDecodePosition, rope_bench::kDecodeTablePositions},
                  {kSimdInPlace, kReferenceInPlace});
   return true;
 }();

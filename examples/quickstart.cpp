@@ -22,8 +22,8 @@ double dot(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // The query at position m and the key at position n, both rotated.
-double rotated_score(const rope::Table<float>& table, const std::vector<float>& q,
-                     const std::vector<float>& k, std::size_t m, std::size_t n) {
+double rotated_score(const rope::Table<float>& table, const std::vector<float>& q, const std::vector<float>& k,
+                     std::size_t m, std::size_t n) {
   std::vector<float> rq(kHeadDim), rk(kHeadDim);
   rope::rotate<rope::Style::rotate_half>(q.data(), rq.data(), table.cos(m), table.sin(m), kHeadDim);
   rope::rotate<rope::Style::rotate_half>(k.data(), rk.data(), table.cos(n), table.sin(n), kHeadDim);
@@ -54,13 +54,11 @@ int main() {
   std::printf("unrotated <q, k>             = %+.6f\n", dot(q, k));
   std::printf("query at m, key at n = m + 3:\n");
   for (std::size_t m : {0u, 10u, 500u, 9000u}) {
-    std::printf("  m = %4zu, n = %4zu: <R_m q, R_n k> = %+.6f\n", m, m + 3,
-                rotated_score(table, q, k, m, m + 3));
+    std::printf("  m = %4zu, n = %4zu: <R_m q, R_n k> = %+.6f\n", m, m + 3, rotated_score(table, q, k, m, m + 3));
   }
   std::printf("same positions, key at n = m + 7 instead:\n");
   for (std::size_t m : {0u, 10u, 500u, 9000u}) {
-    std::printf("  m = %4zu, n = %4zu: <R_m q, R_n k> = %+.6f\n", m, m + 7,
-                rotated_score(table, q, k, m, m + 7));
+    std::printf("  m = %4zu, n = %4zu: <R_m q, R_n k> = %+.6f\n", m, m + 7, rotated_score(table, q, k, m, m + 7));
   }
   // Every score above against the closed form (float rounding: 1e-5).
   for (std::size_t offset : {3u, 7u}) {

@@ -33,8 +33,8 @@ std::vector<std::string> for_each_arch(F&& f) {
         f(arch);
       },
       [](auto arch) {
-        std::cout << "[ skipped  ] architecture " << decltype(arch)::name() << ": no batches of "
-                  << scalar_name<T>() << "\n";
+        std::cout << "[ skipped  ] architecture " << decltype(arch)::name() << ": no batches of " << scalar_name<T>()
+                  << "\n";
       });
   return ran;
 }

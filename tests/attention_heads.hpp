@@ -53,7 +53,6 @@ bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
-
 // A grouped-query layer for the linear cases: tensors, FAVOR+ features and
 // the tables of both rotations (d channels pre-phi, m features for eq. 19).
 template <class T>

@@ -58,9 +58,8 @@ void rotate_pair(C xa, C xb, C c, C s, bool fused, C& ya, C& yb) {
 // c, s) gives the cos and sin of pair p of token t. Channels past rotary_dim
 // are copied.
 template <rope::Style S, class T, class RowAt>
-std::vector<T> expected_tensor(const std::vector<T>& in, std::size_t tokens, std::size_t heads,
-                               std::size_t head_dim, std::size_t rotary_dim, rope::Direction dir, bool fused,
-                               RowAt row) {
+std::vector<T> expected_tensor(const std::vector<T>& in, std::size_t tokens, std::size_t heads, std::size_t head_dim,
+                               std::size_t rotary_dim, rope::Direction dir, bool fused, RowAt row) {
   using C = compute_of<T>;
   std::vector<T> out = in;
   const std::size_t pairs = rotary_dim / 2;
@@ -82,7 +81,6 @@ std::vector<T> expected_tensor(const std::vector<T>& in, std::size_t tokens, std
   }
   return out;
 }
-
 
 // The tensor calls of one element type through instruction set Arch (the
 // default: the caller's own, or rope::dispatch's when installed), each
@@ -147,12 +145,10 @@ void check_calls(const std::string& arch, bool fused, std::vector<std::vector<T>
             const auto expect = [&](const std::vector<T>& in, std::size_t heads, const std::vector<T>& got,
                                     const std::string& what) {
               const auto want = style == Style::rotate_half
-                                    ? expected_tensor<Style::rotate_half>(in, shape.tokens, heads,
-                                                                                    shape.head_dim, shape.rotary_dim,
-                                                                                    dir, fused, single)
-                                    : expected_tensor<Style::block_diagonal>(
-                                          in, shape.tokens, heads, shape.head_dim, shape.rotary_dim, dir, fused,
-                                          single);
+                                    ? expected_tensor<Style::rotate_half>(in, shape.tokens, heads, shape.head_dim,
+                                                                          shape.rotary_dim, dir, fused, single)
+                                    : expected_tensor<Style::block_diagonal>(in, shape.tokens, heads, shape.head_dim,
+                                                                             shape.rotary_dim, dir, fused, single);
               ASSERT_TRUE(same_bytes(got, want))
                   << where << " " << what << ": first difference at element " << first_difference(got, want);
               if (outputs != nullptr) outputs->push_back(got);
@@ -160,14 +156,13 @@ void check_calls(const std::string& arch, bool fused, std::vector<std::vector<T>
             // apply, out of place (the input must stay as it was) and in place.
             const auto x = random_tensor<T>(shape.tokens * shape.q_heads * shape.head_dim, seed++);
             std::vector<T> out(x.size(), T(0.0f));
-            rope::apply<T, C, Arch>(
-                View<const T>::token_major(x.data(), shape.tokens, shape.q_heads, shape.head_dim),
-                View<T>::token_major(out.data(), shape.tokens, shape.q_heads, shape.head_dim), table, style,
-                positions.data(), options);
+            rope::apply<T, C, Arch>(View<const T>::token_major(x.data(), shape.tokens, shape.q_heads, shape.head_dim),
+                                    View<T>::token_major(out.data(), shape.tokens, shape.q_heads, shape.head_dim),
+                                    table, style, positions.data(), options);
             expect(x, shape.q_heads, out, "apply out of place");
             auto y = x;
-            rope::apply<T, C, Arch>(View<T>::token_major(y.data(), shape.tokens, shape.q_heads, shape.head_dim),
-                                    table, style, positions.data(), options);
+            rope::apply<T, C, Arch>(View<T>::token_major(y.data(), shape.tokens, shape.q_heads, shape.head_dim), table,
+                                    style, positions.data(), options);
             expect(x, shape.q_heads, y, "apply in place");
             // apply_qk, grouped-query heads, in place.
             auto q = x;
@@ -199,12 +194,11 @@ void check_calls(const std::string& arch, bool fused, std::vector<std::vector<T>
         rope::apply_mrope<T, C, Arch>(View<T>::token_major(y.data(), shape.tokens, shape.q_heads, shape.head_dim),
                                       table, style, axes.data(), sections,
                                       rope::Options{0, dir, 1, rope::Stores::automatic});
-        const auto want =
-            style == Style::rotate_half
-                ? expected_tensor<Style::rotate_half>(x, shape.tokens, shape.q_heads, shape.head_dim,
-                                                                shape.rotary_dim, dir, fused, multi)
-                : expected_tensor<Style::block_diagonal>(x, shape.tokens, shape.q_heads, shape.head_dim,
-                                                                   shape.rotary_dim, dir, fused, multi);
+        const auto want = style == Style::rotate_half
+                              ? expected_tensor<Style::rotate_half>(x, shape.tokens, shape.q_heads, shape.head_dim,
+                                                                    shape.rotary_dim, dir, fused, multi)
+                              : expected_tensor<Style::block_diagonal>(x, shape.tokens, shape.q_heads, shape.head_dim,
+                                                                       shape.rotary_dim, dir, fused, multi);
         ASSERT_TRUE(same_bytes(y, want)) << arch << " apply_mrope " << rope::name(style) << " rotary "
                                          << shape.rotary_dim << ": first difference at " << first_difference(y, want);
         if (outputs != nullptr) outputs->push_back(y);

@@ -41,7 +41,8 @@ template <class E>
 std::string checked_names(const E& e, std::string prefix) {
   const std::string what = e.what();
   const std::string head = e.function() + ": " + e.argument() + " must be ";
-  if (what.compare(0, head.size(), head) != 0) return "names do not match the message: " + e.function() + " / " + e.argument() + " / " + what;
+  if (what.compare(0, head.size(), head) != 0)
+    return "names do not match the message: " + e.function() + " / " + e.argument() + " / " + what;
   return prefix + what;
 }
 template <class F>
@@ -155,8 +156,8 @@ std::vector<To> convert(const From* p, std::size_t n) {
 // inputs, together with the per-channel magnitude |x_a c| + |x_b s| that
 // bounds the rounding error of any evaluation of the same formula.
 template <rope::Style S, class T>
-void reference_in_double(const T* x, const T* cos, const T* sin, std::size_t rotary_dim,
-                         rope::Direction dir, std::vector<double>& y, std::vector<double>& magnitude) {
+void reference_in_double(const T* x, const T* cos, const T* sin, std::size_t rotary_dim, rope::Direction dir,
+                         std::vector<double>& y, std::vector<double>& magnitude) {
   const auto xd = convert<double>(x, rotary_dim);
   const auto cd = convert<double>(cos, rotary_dim / 2);
   const auto sd = convert<double>(sin, rotary_dim / 2);
@@ -166,8 +167,8 @@ void reference_in_double(const T* x, const T* cos, const T* sin, std::size_t rot
   for (std::size_t p = 0; p < rotary_dim / 2; ++p) {
     const std::size_t a = rope::first_channel<S>(p, rotary_dim);
     const std::size_t b = rope::second_channel<S>(p, rotary_dim);
-    const double m = std::fabs(xd[a] * cd[p]) + std::fabs(xd[b] * sd[p]) +
-                     std::fabs(xd[b] * cd[p]) + std::fabs(xd[a] * sd[p]);
+    const double m =
+        std::fabs(xd[a] * cd[p]) + std::fabs(xd[b] * sd[p]) + std::fabs(xd[b] * cd[p]) + std::fabs(xd[a] * sd[p]);
     magnitude[a] = magnitude[b] = m;
   }
 }

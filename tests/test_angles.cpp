@@ -11,10 +11,10 @@
 #include <stdexcept>
 #include <vector>
 
-#include <rope/angles.hpp>
-#include <rope/table.hpp>
 #include <cstring>
 #include <functional>
+#include <rope/angles.hpp>
+#include <rope/table.hpp>
 #include "support.hpp"
 #include "ulp_oracle.hpp"
 
@@ -25,11 +25,9 @@ std::vector<rope::Frequencies> schedules() {
   yarn.factor = 4.0;
   yarn.original_max_positions = 32768;
   return {
-      rope::frequencies(128, 500000.0),
-      rope::frequencies(64, 10000.0, rope::scaling::Llama3{}),
-      rope::frequencies(128, 1e6, yarn),
-      rope::frequencies(6, 10000.0),   // shorter than one batch
-      rope::frequencies(34, 10000.0),  // a partial last batch
+      rope::frequencies(128, 500000.0),  rope::frequencies(64, 10000.0, rope::scaling::Llama3{}),
+      rope::frequencies(128, 1e6, yarn), rope::frequencies(6, 10000.0),  // shorter than one batch
+      rope::frequencies(34, 10000.0),                                    // a partial last batch
   };
 }
 
@@ -48,7 +46,6 @@ void expect_equals_table_row() {
     }
   }
 }
-
 
 // The accuracy statement of docs/design.md at positions beyond any table, in
 // ulps against the long-double oracle of the library's angle double(m) *
@@ -137,11 +134,9 @@ TEST(Angles, RejectsBadArgumentsWithoutWriting) {
     ADD_FAILURE() << "no std::out_of_range";
   } catch (const std::out_of_range& e) {
     EXPECT_NE(std::string(e.what()).find("position"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find(std::to_string(rope::kMaxExactPosition + 1)), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::to_string(rope::kMaxExactPosition + 1)), std::string::npos) << e.what();
   }
-  EXPECT_THROW(rope::angles(f, std::numeric_limits<std::size_t>::max(), c.data(), s.data()),
-               std::out_of_range);
+  EXPECT_THROW(rope::angles(f, std::numeric_limits<std::size_t>::max(), c.data(), s.data()), std::out_of_range);
   EXPECT_THROW(rope::angles(rope::Frequencies{}, 0, c.data(), s.data()), std::invalid_argument);
   EXPECT_THROW(rope::angles(f, 0, static_cast<float*>(nullptr), s.data()), std::invalid_argument);
   EXPECT_THROW(rope::angles(f, 0, c.data(), static_cast<float*>(nullptr)), std::invalid_argument);
@@ -189,7 +184,6 @@ TEST(AnglesErrors, AnglesRejectsAndWritesNothing) {
   expect_angles_rejected<double>(f, std::numeric_limits<std::size_t>::max(), false, false, "position",
                                  std::to_string(std::numeric_limits<std::size_t>::max()), true);
 }
-
 
 }  // namespace angle_errors
 }  // namespace

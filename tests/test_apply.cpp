@@ -13,9 +13,9 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <iostream>
 #include <limits>
 #include <random>
-#include <iostream>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -28,8 +28,8 @@
 #include <rope/permute.hpp>
 #include <rope/reference.hpp>
 
-#include "rounding_oracle.hpp"
 #include "archs.hpp"
+#include "rounding_oracle.hpp"
 #include "support.hpp"
 
 namespace {
@@ -172,8 +172,8 @@ TYPED_TEST(Apply, LayoutHelpersMatchReference) {
                              : View<E>::head_major(p, kTokens, kHeads, kHeadDim);
         };
         rope::apply(make(data.data()), table, s, positions.data(), Options{0, dir, 1, rope::Stores::automatic});
-        expect_rotated<T>(make(original.data()), make(static_cast<const T*>(data.data())), table, s, dir,
-                          positions, kHeadDim, layout == 0 ? "token_major" : "head_major");
+        expect_rotated<T>(make(original.data()), make(static_cast<const T*>(data.data())), table, s, dir, positions,
+                          kHeadDim, layout == 0 ? "token_major" : "head_major");
       }
     }
   }
@@ -219,34 +219,35 @@ TYPED_TEST(Apply, PartialRotaryInAndOutOfPlace) {
   const auto positions = random_positions(kTokens, 100, 9);
   for (Style s : kStyles) {
     for (std::size_t rotary : {std::size_t{0}, std::size_t{16}}) {
-     for (rope::Stores stores : {rope::Stores::cached, rope::Stores::streaming}) {
-      const std::size_t r = rotary == 0 ? kRotary : rotary;
-      const auto original = random_tensor<T>(kTokens * kTokenStride, 21);
-      const auto out_original = random_tensor<T>(kTokens * kTokenStride, 22);
-      auto out = out_original;
-      const View<const T> x(original.data(), kTokens, kHeads, kHeadDim, kTokenStride, kHeadStride);
-      const View<T> y(out.data(), kTokens, kHeads, kHeadDim, kTokenStride, kHeadStride);
-      Options o;
-      o.rotary_dim = rotary;
-      o.stores = stores;
-      rope::apply(x, y, table, s, positions.data(), o);
-      expect_rotated<T>(x, View<const T>(y), table, s, Direction::forward, positions, r, "out of place");
-      for (std::size_t t = 0; t < kTokens; ++t) {
-        for (std::size_t h = 0; h < kHeads; ++h) {
-          const std::size_t gap = t * kTokenStride + h * kHeadStride + kHeadDim;
-          EXPECT_EQ(std::memcmp(out.data() + gap, out_original.data() + gap, (kHeadStride - kHeadDim) * sizeof(T)), 0);
+      for (rope::Stores stores : {rope::Stores::cached, rope::Stores::streaming}) {
+        const std::size_t r = rotary == 0 ? kRotary : rotary;
+        const auto original = random_tensor<T>(kTokens * kTokenStride, 21);
+        const auto out_original = random_tensor<T>(kTokens * kTokenStride, 22);
+        auto out = out_original;
+        const View<const T> x(original.data(), kTokens, kHeads, kHeadDim, kTokenStride, kHeadStride);
+        const View<T> y(out.data(), kTokens, kHeads, kHeadDim, kTokenStride, kHeadStride);
+        Options o;
+        o.rotary_dim = rotary;
+        o.stores = stores;
+        rope::apply(x, y, table, s, positions.data(), o);
+        expect_rotated<T>(x, View<const T>(y), table, s, Direction::forward, positions, r, "out of place");
+        for (std::size_t t = 0; t < kTokens; ++t) {
+          for (std::size_t h = 0; h < kHeads; ++h) {
+            const std::size_t gap = t * kTokenStride + h * kHeadStride + kHeadDim;
+            EXPECT_EQ(std::memcmp(out.data() + gap, out_original.data() + gap, (kHeadStride - kHeadDim) * sizeof(T)),
+                      0);
+          }
+        }
+        auto in_place = original;
+        rope::apply(View<T>(in_place.data(), kTokens, kHeads, kHeadDim, kTokenStride, kHeadStride), table, s,
+                    positions.data(), o);
+        for (std::size_t t = 0; t < kTokens; ++t) {
+          for (std::size_t h = 0; h < kHeads; ++h) {
+            const std::size_t row = t * kTokenStride + h * kHeadStride;
+            ASSERT_EQ(std::memcmp(out.data() + row, in_place.data() + row, kHeadDim * sizeof(T)), 0);
+          }
         }
       }
-      auto in_place = original;
-      rope::apply(View<T>(in_place.data(), kTokens, kHeads, kHeadDim, kTokenStride, kHeadStride), table, s,
-                  positions.data(), o);
-      for (std::size_t t = 0; t < kTokens; ++t) {
-        for (std::size_t h = 0; h < kHeads; ++h) {
-          const std::size_t row = t * kTokenStride + h * kHeadStride;
-          ASSERT_EQ(std::memcmp(out.data() + row, in_place.data() + row, kHeadDim * sizeof(T)), 0);
-        }
-      }
-     }
     }
   }
 }
@@ -265,10 +266,8 @@ TYPED_TEST(Apply, GroupedQueryApplyQkEqualsSeparateCalls) {
   rope::apply_qk(View<T>::token_major(q1.data(), kTokens, kQHeads, kHeadDim),
                  View<T>::token_major(k1.data(), kTokens, kKHeads, kHeadDim), table, Style::rotate_half,
                  positions.data());
-  rope::apply(View<T>::token_major(q2.data(), kTokens, kQHeads, kHeadDim), table, Style::rotate_half,
-              positions.data());
-  rope::apply(View<T>::token_major(k2.data(), kTokens, kKHeads, kHeadDim), table, Style::rotate_half,
-              positions.data());
+  rope::apply(View<T>::token_major(q2.data(), kTokens, kQHeads, kHeadDim), table, Style::rotate_half, positions.data());
+  rope::apply(View<T>::token_major(k2.data(), kTokens, kKHeads, kHeadDim), table, Style::rotate_half, positions.data());
   rope::apply_qk(View<const T>::token_major(q0.data(), kTokens, kQHeads, kHeadDim),
                  View<const T>::token_major(k0.data(), kTokens, kKHeads, kHeadDim),
                  View<T>::token_major(q3.data(), kTokens, kQHeads, kHeadDim),
@@ -380,7 +379,8 @@ TEST(ApplyDouble, InverseUndoesForward) {
   auto x = original;
   const auto v = View<double>::token_major(x.data(), kTokens, kHeads, kHeadDim);
   rope::apply(v, table, Style::rotate_half, positions.data());
-  rope::apply(v, table, Style::rotate_half, positions.data(), Options{0, Direction::inverse, 2, rope::Stores::automatic});
+  rope::apply(v, table, Style::rotate_half, positions.data(),
+              Options{0, Direction::inverse, 2, rope::Stores::automatic});
   for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(x[i], original[i], 1e-14) << i;
 }
 
@@ -431,8 +431,7 @@ TEST(ApplyViews, OutOfPlaceWithOutEqualToXIsInPlace) {
   const auto original = random_tensor<float>(kTokens * kHeads * kHeadDim, 62);
   for (const Style style : {Style::rotate_half, Style::block_diagonal}) {
     auto in_place = original;
-    rope::apply(View<float>::token_major(in_place.data(), kTokens, kHeads, kHeadDim), table, style,
-                positions.data());
+    rope::apply(View<float>::token_major(in_place.data(), kTokens, kHeads, kHeadDim), table, style, positions.data());
     auto aliased = original;
     const auto v = View<float>::token_major(aliased.data(), kTokens, kHeads, kHeadDim);
     rope::apply<float>(View<const float>(v), v, table, style, positions.data());
@@ -458,8 +457,8 @@ std::vector<double> rotate_by_angles(const std::vector<double>& x, const std::ve
 
 // Float table entries carry 2^-24 each, the float evaluation 2 eps of the
 // magnitude: 4 eps of (|x_a| + |x_b|) covers both.
-void expect_angles(const std::vector<float>& in, const std::vector<float>& out, std::size_t tokens,
-                   std::size_t heads, std::size_t head_dim, std::size_t rotary_dim, Style s,
+void expect_angles(const std::vector<float>& in, const std::vector<float>& out, std::size_t tokens, std::size_t heads,
+                   std::size_t head_dim, std::size_t rotary_dim, Style s,
                    const std::function<double(std::size_t t, std::size_t p)>& angle_of) {
   for (std::size_t t = 0; t < tokens; ++t) {
     std::vector<double> angle(rotary_dim / 2);
@@ -524,8 +523,9 @@ TEST(ApplyMultiAxis, MropeWithEqualAxesIsPlainRope) {
     rope::apply_mrope(View<float>::token_major(a.data(), kTokens, kHeads, kHeadDim), table, Style::rotate_half,
                       three.data(),
                       rope::MropeSections{order == rope::SectionOrder::chunked ? std::array<std::size_t, 3>{8, 12, 12}
-                                                                              : std::array<std::size_t, 3>{12, 10, 10},
-                                          order}, Options{0, Direction::forward, 3, {}});
+                                                                               : std::array<std::size_t, 3>{12, 10, 10},
+                                          order},
+                      Options{0, Direction::forward, 3, {}});
     rope::apply(View<float>::token_major(b.data(), kTokens, kHeads, kHeadDim), table, Style::rotate_half, t.data());
     EXPECT_TRUE(same_bytes(a, b));
   }
@@ -549,8 +549,7 @@ TEST(ApplyMultiAxis, AnyPairAxesMatchesPerPairAngles) {
     for (Style s : kStyles) {
       const auto original = random_tensor<float>(kTokens * kHeads * kHeadDim, 72);
       auto x = original;
-      rope::apply_mrope(View<float>::token_major(x.data(), kTokens, kHeads, kHeadDim), table, s, positions.data(),
-                        *pa);
+      rope::apply_mrope(View<float>::token_major(x.data(), kTokens, kHeads, kHeadDim), table, s, positions.data(), *pa);
       expect_angles(original, x, kTokens, kHeads, kHeadDim, kHeadDim, s, [&](std::size_t t, std::size_t p) {
         return static_cast<double>(positions[pa->axis[p] * kTokens + t]) * freqs.inv_freq[p];
       });
@@ -563,9 +562,8 @@ TEST(ApplyMultiAxis, PairAxesFromSectionsIsTheSectionsCall) {
   const rope::Table<float> table(rope::frequencies(kHeadDim, 1e6), 100);
   const auto positions = random_positions(3 * kTokens, 100, 81);
   const auto original = random_tensor<float>(kTokens * kHeads * kHeadDim, 82);
-  for (const rope::MropeSections& sections :
-       {rope::MropeSections{{16, 24, 24}, rope::SectionOrder::chunked},
-        rope::MropeSections{{24, 20, 20}, rope::SectionOrder::interleaved}}) {
+  for (const rope::MropeSections& sections : {rope::MropeSections{{16, 24, 24}, rope::SectionOrder::chunked},
+                                              rope::MropeSections{{24, 20, 20}, rope::SectionOrder::interleaved}}) {
     auto a = original, b = original;
     rope::apply_mrope(View<float>::token_major(a.data(), kTokens, kHeads, kHeadDim), table, Style::rotate_half,
                       positions.data(), sections);
@@ -680,16 +678,19 @@ TEST(ApplyErrors, EveryBadArgumentThrowsAndWritesNothing) {
 
   expect_throw_untouched<IA>(buf, other, [&] { rope::apply(View<float>::token_major(nullptr, 2, 2, 32), table, s, 0); },
                              {"x.data", "null"});
-  expect_throw_untouched<IA>(buf, other, [&] { rope::apply(x, View<float>::token_major(nullptr, kTokens, kHeads, kHeadDim), table, s, 0); },
-                             {"out.data", "null"});
+  expect_throw_untouched<IA>(
+      buf, other, [&] { rope::apply(x, View<float>::token_major(nullptr, kTokens, kHeads, kHeadDim), table, s, 0); },
+      {"out.data", "null"});
   o.rotary_dim = 7;
   expect_throw_untouched<IA>(buf, other, [&] { rope::apply(x, table, s, pos.data(), o); }, {"rotary_dim", "7"});
   o.rotary_dim = 64;
-  expect_throw_untouched<IA>(buf, other, [&] { rope::apply(x, table, s, pos.data(), o); }, {"options.rotary_dim", "64", "32"});
+  expect_throw_untouched<IA>(buf, other, [&] { rope::apply(x, table, s, pos.data(), o); },
+                             {"options.rotary_dim", "64", "32"});
   o.rotary_dim = 0;
   {
     const rope::Table<float> wide(rope::frequencies(64), 100);
-    expect_throw_untouched<IA>(buf, other, [&] { rope::apply(x, wide, s, pos.data()); }, {"x.head_dim", "rotary_dim 64", "32"});
+    expect_throw_untouched<IA>(buf, other, [&] { rope::apply(x, wide, s, pos.data()); },
+                               {"x.head_dim", "rotary_dim 64", "32"});
   }
   o.threads = 0;
   expect_throw_untouched<IA>(buf, other, [&] { rope::apply(x, table, s, pos.data(), o); }, {"threads", "0"});
@@ -704,13 +705,15 @@ TEST(ApplyErrors, EveryBadArgumentThrowsAndWritesNothing) {
       buf, other, [&] { rope::apply(x, View<float>::token_major(p + 1, kTokens, kHeads, kHeadDim), table, s, 0); },
       {"out", "overlaps x"});
   expect_throw_untouched<IA>(
-      buf, other, [&] { rope::apply(x, View<float>::token_major(other.data(), kTokens - 1, kHeads, kHeadDim), table, s, 0); },
+      buf, other,
+      [&] { rope::apply(x, View<float>::token_major(other.data(), kTokens - 1, kHeads, kHeadDim), table, s, 0); },
       {"out", "[5, 4, 32]", "x [6, 4, 32]"});
   expect_throw_untouched<IA>(buf, other, [&] { rope::apply(x, table, s, static_cast<const std::int64_t*>(nullptr)); },
                              {"positions", "null"});
   // The bad position is the last one: everything before it must still be unwritten.
   pos[5] = 100;
-  expect_throw_untouched<OR>(buf, other, [&] { rope::apply(x, table, s, pos.data()); }, {"positions[5]", "100", "[0, 100)"});
+  expect_throw_untouched<OR>(buf, other, [&] { rope::apply(x, table, s, pos.data()); },
+                             {"positions[5]", "100", "[0, 100)"});
   const auto out = View<float>::token_major(other.data(), kTokens, kHeads, kHeadDim);
   expect_throw_untouched<OR>(buf, other, [&] { rope::apply(x, out, table, s, pos.data()); }, {"positions[5]", "100"});
   pos[5] = 6;
@@ -724,22 +727,31 @@ TEST(ApplyErrors, EveryBadArgumentThrowsAndWritesNothing) {
 
   // apply_qk: heads that do not divide, token counts that differ, Q and K sharing rows.
   const auto k3 = View<float>::token_major(p + kTokens * kHeads * kHeadDim, kTokens, 3, kHeadDim);
-  expect_throw_untouched<IA>(buf, other, [&] { rope::apply_qk(x, k3, table, s, pos.data()); }, {"q.heads = 4", "k.heads", "3"});
+  expect_throw_untouched<IA>(buf, other, [&] { rope::apply_qk(x, k3, table, s, pos.data()); },
+                             {"q.heads = 4", "k.heads", "3"});
   const auto k5 = View<float>::token_major(p + kTokens * kHeads * kHeadDim, kTokens - 1, 2, kHeadDim);
-  expect_throw_untouched<IA>(buf, other, [&] { rope::apply_qk(x, k5, table, s, pos.data()); }, {"k.tokens", "q.tokens = 6", "5"});
+  expect_throw_untouched<IA>(buf, other, [&] { rope::apply_qk(x, k5, table, s, pos.data()); },
+                             {"k.tokens", "q.tokens = 6", "5"});
   const auto k_overlap = View<float>::packed(p, kTokens, kHeads, 3, 2, kHeadDim);
-  expect_throw_untouched<IA>(buf, other, [&] { rope::apply_qk(x, View<float>(k_overlap.data, kTokens, 2, kHeadDim, kHeads * kHeadDim, kHeadDim), table, s, 0); },
-                             {"overlaps"});
+  expect_throw_untouched<IA>(
+      buf, other,
+      [&] {
+        rope::apply_qk(x, View<float>(k_overlap.data, kTokens, 2, kHeadDim, kHeads * kHeadDim, kHeadDim), table, s, 0);
+      },
+      {"overlaps"});
   const auto k_ok = View<float>::token_major(p + kTokens * kHeads * kHeadDim, kTokens, 2, kHeadDim);
   pos[2] = 1000;
-  expect_throw_untouched<OR>(buf, other, [&] { rope::apply_qk(x, k_ok, table, s, pos.data()); }, {"positions[2]", "1000"});
+  expect_throw_untouched<OR>(buf, other, [&] { rope::apply_qk(x, k_ok, table, s, pos.data()); },
+                             {"positions[2]", "1000"});
   pos[2] = 3;
 
   // M-RoPE and axial.
   std::vector<std::int64_t> three(3 * kTokens, 1);
-  expect_throw_untouched<IA>(
-      buf, other, [&] { rope::apply_mrope(x, table, s, three.data(), rope::MropeSections{{4, 4, 4}, {}}); },
-      {"sections.pairs (4, 4, 4)", "16", "12"});
+  expect_throw_untouched<IA>(buf, other,
+                             [&] {
+                               rope::apply_mrope(x, table, s, three.data(), rope::MropeSections{{4, 4, 4}, {}});
+                             },
+                             {"sections.pairs (4, 4, 4)", "16", "12"});
   expect_throw_untouched<IA>(
       buf, other,
       [&] {
@@ -747,9 +759,11 @@ TEST(ApplyErrors, EveryBadArgumentThrowsAndWritesNothing) {
       },
       {"interleav", "(2, 7, 7)"});
   three[2 * kTokens + 4] = 500;
-  expect_throw_untouched<OR>(
-      buf, other, [&] { rope::apply_mrope(x, table, s, three.data(), rope::MropeSections{{4, 6, 6}, {}}); },
-      {"w positions[4]", "500"});
+  expect_throw_untouched<OR>(buf, other,
+                             [&] {
+                               rope::apply_mrope(x, table, s, three.data(), rope::MropeSections{{4, 6, 6}, {}});
+                             },
+                             {"w positions[4]", "500"});
   {
     const rope::Table<float> t6(rope::frequencies(6), 100);
     expect_throw_untouched<IA>(buf, other, [&] { rope::apply_axial(x, t6, s, three.data()); }, {"multiple of 4", "6"});
@@ -759,10 +773,16 @@ TEST(ApplyErrors, EveryBadArgumentThrowsAndWritesNothing) {
   {
     rope::PairAxes pa{std::vector<std::uint8_t>(16, 0), 4};
     std::vector<std::int64_t> four(4 * kTokens, 2);
-    expect_throw_untouched<IA>(buf, other, [&] { rope::apply_mrope(x, table, s, four.data(), rope::PairAxes{pa.axis, 0}); },
+    expect_throw_untouched<IA>(buf, other,
+                               [&] {
+                                 rope::apply_mrope(x, table, s, four.data(), rope::PairAxes{pa.axis, 0});
+                               },
                                {"pair_axes.axes", "got 0"});
     expect_throw_untouched<IA>(
-        buf, other, [&] { rope::apply_mrope(x, table, s, four.data(), rope::PairAxes{std::vector<std::uint8_t>(15, 0), 4}); },
+        buf, other,
+        [&] {
+          rope::apply_mrope(x, table, s, four.data(), rope::PairAxes{std::vector<std::uint8_t>(15, 0), 4});
+        },
         {"pair_axes.axis.size()", "16", "got 15"});
     pa.axis[9] = 4;
     expect_throw_untouched<IA>(buf, other, [&] { rope::apply_mrope(x, table, s, four.data(), pa); },
@@ -772,19 +792,25 @@ TEST(ApplyErrors, EveryBadArgumentThrowsAndWritesNothing) {
     expect_throw_untouched<OR>(buf, other, [&] { rope::apply_mrope(x, table, s, four.data(), pa); },
                                {"axis 3 positions[2]", "100"});
     expect_throw_untouched<IA>(buf, other, [&] { (void)rope::PairAxes::hw_alternating(7, 16); }, {"hw_pairs", "got 7"});
-    expect_throw_untouched<IA>(buf, other, [&] { (void)rope::PairAxes::hw_alternating(18, 16); }, {"hw_pairs", "got 18"});
-    expect_throw_untouched<IA>(
-        buf, other, [&] { (void)rope::PairAxes::sections(rope::MropeSections{{4, 4, 4}, {}}, 16); },
-        {"rope::PairAxes::sections", "(4, 4, 4)", "12"});
+    expect_throw_untouched<IA>(buf, other, [&] { (void)rope::PairAxes::hw_alternating(18, 16); },
+                               {"hw_pairs", "got 18"});
+    expect_throw_untouched<IA>(buf, other,
+                               [&] {
+                                 (void)rope::PairAxes::sections(rope::MropeSections{{4, 4, 4}, {}}, 16);
+                               },
+                               {"rope::PairAxes::sections", "(4, 4, 4)", "12"});
   }
   std::vector<std::int64_t> two(2 * kTokens, 0);
   two[kTokens + 1] = -5;
-  expect_throw_untouched<OR>(buf, other, [&] { rope::apply_axial(x, table, s, two.data()); }, {"col positions[1]", "-5"});
+  expect_throw_untouched<OR>(buf, other, [&] { rope::apply_axial(x, table, s, two.data()); },
+                             {"col positions[1]", "-5"});
 
   // Permutations.
   expect_throw_untouched<IA>(buf, other, [&] { rope::permute_to_rotate_half(p, 2, 32, 4, 33); }, {"rotary_dim", "33"});
-  expect_throw_untouched<IA>(buf, other, [&] { rope::permute_to_block_diagonal(p, 2, 32, 4, 40); }, {"rotary_dim", "40", "head_dim 32"});
-  expect_throw_untouched<IA>(buf, other, [&] { rope::permute_to_block_diagonal(static_cast<float*>(nullptr), 2, 32, 4); }, {"weight", "null"});
+  expect_throw_untouched<IA>(buf, other, [&] { rope::permute_to_block_diagonal(p, 2, 32, 4, 40); },
+                             {"rotary_dim", "40", "head_dim 32"});
+  expect_throw_untouched<IA>(
+      buf, other, [&] { rope::permute_to_block_diagonal(static_cast<float*>(nullptr), 2, 32, 4); }, {"weight", "null"});
 }
 
 // Q and K as neighbouring slices of one packed buffer pass the overlap check.
@@ -795,9 +821,9 @@ TEST(ApplyErrors, PackedNeighboursAreNotAnOverlap) {
   const auto v = rope::split_qkv(qkv.data(), kTokens, 4, 1, kHeadDim);
   EXPECT_NO_THROW(rope::apply_qk(v.q, v.k, table, Style::rotate_half, 0));
   EXPECT_NO_THROW(rope::apply_qk(v.q, v.v, table, Style::rotate_half, 0));
-  EXPECT_THROW(rope::apply_qk(v.q, View<float>::packed(qkv.data(), kTokens, 6, 3, 1, kHeadDim), table,
-                              Style::rotate_half, 0),
-               std::invalid_argument);
+  EXPECT_THROW(
+      rope::apply_qk(v.q, View<float>::packed(qkv.data(), kTokens, 6, 3, 1, kHeadDim), table, Style::rotate_half, 0),
+      std::invalid_argument);
 }
 
 // The compile-time builds of the instruction sets rope::dispatch carries
@@ -962,10 +988,10 @@ TEST_F(TensorApiErrors, OutOfPlaceShapesAndOverlap) {
   expect_rejected<std::invalid_argument>([&] { rope::apply<float>(x, out, table_, Style::rotate_half, ids_.data()); },
                                          "out", std::to_string(kHeads - 1));
   // out is x shifted by one head: neither the same view nor disjoint.
-  const auto shifted = rope::View<float>(q_.data() + kHeadDim, kTokens - 1, kHeads, kHeadDim, kHeads * kHeadDim,
-                                         kHeadDim);
-  const rope::View<const float> x2 = rope::View<float>(q_.data(), kTokens - 1, kHeads, kHeadDim, kHeads * kHeadDim,
-                                                       kHeadDim);
+  const auto shifted =
+      rope::View<float>(q_.data() + kHeadDim, kTokens - 1, kHeads, kHeadDim, kHeads * kHeadDim, kHeadDim);
+  const rope::View<const float> x2 =
+      rope::View<float>(q_.data(), kTokens - 1, kHeads, kHeadDim, kHeads * kHeadDim, kHeadDim);
   expect_rejected<std::invalid_argument>(
       [&] { rope::apply<float>(x2, shifted, table_, Style::rotate_half, ids_.data()); }, "out", "overlaps");
 }
@@ -977,9 +1003,8 @@ TEST_F(TensorApiErrors, ApplyQk) {
                                          "k.heads", "3");
   auto k_short = k();
   k_short.tokens = kTokens - 1;
-  expect_rejected<std::invalid_argument>(
-      [&] { rope::apply_qk(q(), k_short, table_, Style::rotate_half, ids_.data()); }, "k.tokens",
-      std::to_string(kTokens - 1));
+  expect_rejected<std::invalid_argument>([&] { rope::apply_qk(q(), k_short, table_, Style::rotate_half, ids_.data()); },
+                                         "k.tokens", std::to_string(kTokens - 1));
   auto k_null = k();
   k_null.data = nullptr;
   expect_rejected<std::invalid_argument>([&] { rope::apply_qk(q(), k_null, table_, Style::rotate_half, ids_.data()); },

@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-
 #include <rope/attention.hpp>
 #include <rope/frequencies.hpp>
 #include <rope/table.hpp>
@@ -195,8 +194,7 @@ TEST(Features, SignFixMakesFirstCoordinateSymmetric) {
       for (Eigen::Index c = 0; c < di; ++c) {
         for (Eigen::Index r = 0; r < di; ++r) g(r, c) = normal();
       }
-      const Eigen::MatrixXd r =
-          phi.projection().middleRows(block * di, di) * g / std::sqrt(static_cast<double>(d));
+      const Eigen::MatrixXd r = phi.projection().middleRows(block * di, di) * g / std::sqrt(static_cast<double>(d));
       // |G| ~ sqrt(d) entries of order 1: 1e-12 is ~1e3 ulps of the sums.
       for (Eigen::Index i = 0; i < di; ++i) {
         EXPECT_GT(r(i, i), 1e-6) << "seed " << seed << " block " << block << " R(" << i << "," << i << ")";
@@ -327,7 +325,10 @@ TEST(Features, BadInputThrows) {
   fo = {};
   fo.kind = FeatureKind::relu;
   const FavorFeatures relu(5, fo);
-  EXPECT_NE(message([&] { (void)relu.log_features(x); }).find("options.kind must be FeatureKind::positive (relu features have no exponents), got relu"), std::string::npos);
+  EXPECT_NE(message([&] {
+              (void)relu.log_features(x);
+            }).find("options.kind must be FeatureKind::positive (relu features have no exponents), got relu"),
+            std::string::npos);
 }
 
 }  // namespace

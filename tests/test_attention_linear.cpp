@@ -14,14 +14,14 @@
 #include <rope/frequencies.hpp>
 #include <rope/table.hpp>
 
-#include "attention_oracle.hpp"
-#include "support.hpp"
 #include <algorithm>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <type_traits>
 #include "attention_heads.hpp"
+#include "attention_oracle.hpp"
+#include "support.hpp"
 
 namespace {
 
@@ -94,8 +94,8 @@ TYPED_TEST(LinearTyped, FavorCausalEqualsQuadraticForm) {
   at::Mat kf(l, std::vector<at::LD>(fo.features));
   for (std::size_t j = 0; j < l; ++j) {
     for (std::size_t r = 0; r < fo.features; ++r) {
-      kf[j][r] = std::exp(static_cast<at::LD>(lk.exponent(Eigen::Index(j), Eigen::Index(r)))) /
-                 std::sqrt(at::LD(fo.features));
+      kf[j][r] =
+          std::exp(static_cast<at::LD>(lk.exponent(Eigen::Index(j), Eigen::Index(r)))) / std::sqrt(at::LD(fo.features));
     }
   }
   const auto qf = at::to_ld(fq);
@@ -235,7 +235,8 @@ TEST(Linear, FavorEq19EqualsQuadraticForm) {
     o.causal = causal;
     o.chunk = 5;
     const auto want = at::quadratic(qn, qd, kn, kd, at::to_ld(v), causal, 0.0L, o.q_positions, o.k_positions);
-    const Matrix<double> got = rope::attention::linear_eq19(q, k, v, phi, Rotation<double>{&table, Style::block_diagonal}, o);
+    const Matrix<double> got =
+        rope::attention::linear_eq19(q, k, v, phi, Rotation<double>{&table, Style::block_diagonal}, o);
     EXPECT_LE(at::relative_error(got, want), 1e-12) << "causal " << causal;
   }
 }
@@ -463,16 +464,24 @@ TEST(Linear, BadInputThrows) {
   const rope::Table<double> table4(rope::frequencies(4, 10000.0), 8);
   using rope::attention::linear;
   using rope::attention::linear_eq19;
-  EXPECT_NE(message([&] { linear_eq19(f3, f3, v, Rotation<double>{&table4}); }).find("the feature dimension m must be even for eq. 19 (pairs of features), got 3"),
+  EXPECT_NE(message([&] {
+              linear_eq19(f3, f3, v, Rotation<double>{&table4});
+            }).find("the feature dimension m must be even for eq. 19 (pairs of features), got 3"),
             std::string::npos);
   const rope::Table<double> table2(rope::frequencies(2, 10000.0), 8);
-  EXPECT_NE(message([&] { linear_eq19(f4, f4, v, Rotation<double>{&table2}); }).find("feature_rotation.rotary_dim must be the feature dimension m = 4"),
+  EXPECT_NE(message([&] {
+              linear_eq19(f4, f4, v, Rotation<double>{&table2});
+            }).find("feature_rotation.rotary_dim must be the feature dimension m = 4"),
             std::string::npos);
-  EXPECT_NE(message([&] { linear_eq19(f4, f4, v, Rotation<double>{}); }).find("feature_rotation.table must be non-null, got null"),
+  EXPECT_NE(message([&] {
+              linear_eq19(f4, f4, v, Rotation<double>{});
+            }).find("feature_rotation.table must be non-null, got null"),
             std::string::npos);
   LinearOptions o;
   o.q_positions = {0, 1, 2, 8};
-  EXPECT_NE(message([&] { linear_eq19(f4, f4, v, Rotation<double>{&table4}, o); }).find("out_of_range: rope::attention::linear_eq19: options.q_positions[3] must be in the table's positions [0, 8), got 8"),
+  EXPECT_NE(message([&] { linear_eq19(f4, f4, v, Rotation<double>{&table4}, o); })
+                .find("out_of_range: rope::attention::linear_eq19: options.q_positions[3] must be in the table's "
+                      "positions [0, 8), got 8"),
             std::string::npos);
   o = {};
   o.chunk = 0;
@@ -481,13 +490,13 @@ TEST(Linear, BadInputThrows) {
   o.causal = true;  // causal by position: 4 queries may see 3 keys
   EXPECT_EQ(message([&] { linear(f4, Matrix<double>(f4.topRows(3)), Matrix<double>(v.topRows(3)), o); }),
             "no exception");
-  EXPECT_NE(message([&] { linear(f4, f3, v); }).find("k.cols() must be q.cols() = 4, got 3"),
-            std::string::npos);
+  EXPECT_NE(message([&] { linear(f4, f3, v); }).find("k.cols() must be q.cols() = 4, got 3"), std::string::npos);
   o = {};
   o.delta = -1;
   EXPECT_NE(message([&] { linear(f4, f4, v, o); }).find("options.delta"), std::string::npos);
   const FavorFeatures phi(5);
-  EXPECT_NE(message([&] { linear(f4, f4, v, phi); }).find("must be the feature map's head_dim 5, got 4"), std::string::npos);
+  EXPECT_NE(message([&] { linear(f4, f4, v, phi); }).find("must be the feature map's head_dim 5, got 4"),
+            std::string::npos);
   LinearState<double> state(4, 2);
   EXPECT_NE(message([&] { state.push(f3.row(0), v.row(0)); }).find("kn.size() must be 4, got 3"), std::string::npos);
   EXPECT_NE(message([&] { (void)state.read(f3.row(0)); }).find("qn.size() must be 4, got 3"), std::string::npos);
@@ -526,10 +535,7 @@ double head_error(const Heads<T>& out, std::size_t h, const at::Mat& want) {
   return at::relative_error(out.head(h), want);
 }
 
-
-
 using at::LinearCase;
-
 
 // The multi-head views give each head the one-head call on its rows, for
 // FAVOR+ with pre-phi RoPE and in eq. 19 form, causal or not.
@@ -547,7 +553,8 @@ TYPED_TEST(LinearHeads, LinearHeadsEqualOneHeadCalls) {
     ra::linear_eq19<T>(q.view(), k.view(), v.view(), eq19.view(), phi, {&feature_table, Style::block_diagonal}, o);
     for (std::size_t h = 0; h < c.hq; ++h) {
       const std::size_t g = h / (c.hq / c.hk);
-      const Matrix<T> want_pre = ra::linear(q.head(h), k.head(g), v.head(g), phi, o, Rotation<T>{&table, Style::rotate_half});
+      const Matrix<T> want_pre =
+          ra::linear(q.head(h), k.head(g), v.head(g), phi, o, Rotation<T>{&table, Style::rotate_half});
       const Matrix<T> want_eq19 =
           ra::linear_eq19(q.head(h), k.head(g), v.head(g), phi, Rotation<T>{&feature_table, Style::block_diagonal}, o);
       EXPECT_LE(at::relative_error(pre.head(h), want_pre), tolerance<T>()) << "causal " << causal << " head " << h;
@@ -555,7 +562,6 @@ TYPED_TEST(LinearHeads, LinearHeadsEqualOneHeadCalls) {
     }
   }
 }
-
 
 // A prefill in chunks, then one token at a time, carrying one LinearState
 // per key/value head, equals the one-shot causal call.
@@ -588,14 +594,14 @@ TYPED_TEST(LinearHeads, LinearChunkedPrefillThenDecodeEqualsOneShot) {
     for (; t < c.l; ++t) call(t, 1, pieces, &states);
     ASSERT_EQ(states.size(), c.hk);
     for (std::size_t h = 0; h < c.hq; ++h) {
-      EXPECT_LE(at::relative_error(pieces.head(h), once.head(h)), 10 * tolerance<T>()) << "eq19 " << eq19 << " head " << h;
+      EXPECT_LE(at::relative_error(pieces.head(h), once.head(h)), 10 * tolerance<T>())
+          << "eq19 " << eq19 << " head " << h;
     }
     // The states remember where they are: a query before their last key is refused.
     Heads<T> spare(c.l, c.hq, c.dv, 0);
     EXPECT_THROW(call(3, 1, spare, &states), std::invalid_argument);
   }
 }
-
 
 // Packed sequences equal one call per sequence: no attention across them.
 TYPED_TEST(LinearHeads, LinearSequencesEqualSeparateCalls) {
@@ -628,7 +634,6 @@ TYPED_TEST(LinearHeads, LinearSequencesEqualSeparateCalls) {
   }
 }
 
-
 TEST(LinearErrors, LinearStatesAreChecked) {
   const LinearCase<double> c(91);
   Heads<double> out = Heads<double>::filled(c.l, c.hq, c.dv, -3.0);
@@ -648,7 +653,8 @@ TEST(LinearErrors, LinearStatesAreChecked) {
   std::vector<ra::LinearState<double>> three(3, ra::LinearState<double>(c.m, c.dv));
   EXPECT_NE(message(o, &three).find("states->size() must be 0 or k.heads = 2, got 3"), std::string::npos);
   std::vector<ra::LinearState<double>> narrow(2, ra::LinearState<double>(c.m / 2, c.dv));
-  EXPECT_NE(message(o, &narrow).find("states[0].features() must be the feature dimension 16, got 8"), std::string::npos);
+  EXPECT_NE(message(o, &narrow).find("states[0].features() must be the feature dimension 16, got 8"),
+            std::string::npos);
   EXPECT_TRUE(at::same_bytes(out.data, untouched));
 }
 
@@ -666,9 +672,6 @@ using ra::Matrix;
 using ra::Rotation;
 using rope::Style;
 
-
-
-
 // A feature rotation that asks for more channels than its table has is
 // refused by name (it used to read past the table).
 TEST(LinearEdges, Eq19RotationWiderThanItsTableIsRefused) {
@@ -676,11 +679,12 @@ TEST(LinearEdges, Eq19RotationWiderThanItsTableIsRefused) {
   const rope::Table<double> narrow(rope::frequencies(4, 10000.0), 8);
   const Matrix<double> f = ra::elu_plus_one(at::random_matrix<double>(l, m, 10));
   const Matrix<double> v = at::random_matrix<double>(l, 2, 11);
-  const auto msg = rope_test::thrown_message([&] { ra::linear_eq19(f, f, v, Rotation<double>{&narrow, Style::rotate_half, m}); });
+  const auto msg = rope_test::thrown_message([&] {
+    ra::linear_eq19(f, f, v, Rotation<double>{&narrow, Style::rotate_half, m});
+  });
   EXPECT_NE(msg.find("feature_rotation.rotary_dim must be <= the table's rotary_dim 4, got 16"), std::string::npos)
       << msg;
 }
-
 
 // Eq. 19 rotates: a feature table with an attention factor gives the same
 // output as one without (the factor is divided out of the numerator).
@@ -705,7 +709,6 @@ TEST(LinearEdges, Eq19DividesTheFeatureTablesAttentionFactorOut) {
   }
 }
 
-
 // Causal linear attention masks by position, as softmax does: with rows out
 // of position order, a row sees the keys at or before its position, not the
 // rows above it.
@@ -719,9 +722,10 @@ TEST(LinearEdges, CausalLinearMasksByPositionNotRowOrder) {
   o.chunk = 2;
   o.q_positions = {5, 0, 3, 3, 1, 4};
   o.k_positions = {5, 0, 3, 3, 1, 4};
-  const auto want = at::quadratic(at::to_ld(fq), at::to_ld(fq), at::to_ld(fk), at::to_ld(fk), at::to_ld(v), true,
-                                  1e-6L, o.q_positions, o.k_positions);
-  const auto index_order = at::quadratic(at::to_ld(fq), at::to_ld(fq), at::to_ld(fk), at::to_ld(fk), at::to_ld(v), true);
+  const auto want = at::quadratic(at::to_ld(fq), at::to_ld(fq), at::to_ld(fk), at::to_ld(fk), at::to_ld(v), true, 1e-6L,
+                                  o.q_positions, o.k_positions);
+  const auto index_order =
+      at::quadratic(at::to_ld(fq), at::to_ld(fq), at::to_ld(fk), at::to_ld(fk), at::to_ld(v), true);
   const Matrix<double> got = ra::linear(fq, fk, v, o);
   EXPECT_LE(at::relative_error(got, want), 1e-12);
   EXPECT_GT(at::relative_error(got, index_order), 1e-3);  // the two masks differ here

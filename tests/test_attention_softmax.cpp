@@ -15,15 +15,15 @@
 #include <rope/frequencies.hpp>
 #include <rope/table.hpp>
 
-#include "attention_oracle.hpp"
-#include "support.hpp"
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <type_traits>
 #include "attention_heads.hpp"
-#include <optional>
+#include "attention_oracle.hpp"
+#include "support.hpp"
 
 namespace {
 
@@ -57,8 +57,8 @@ TYPED_TEST(SoftmaxTyped, MatchesNaiveRelativeScoresForEveryBlock) {
       o.k_positions = at::random_positions(lk, 200, 5);
       const auto want = at::naive_softmax(at::to_ld(q), at::to_ld(k), at::to_ld(v), freqs.inv_freq, style,
                                           o.q_positions, o.k_positions, 1.0L / std::sqrt(at::LD(d)), causal);
-      for (const std::size_t block : {std::size_t{1}, std::size_t{3}, std::size_t{7}, std::size_t{16},
-                                      std::size_t{37}, std::size_t{45}, std::size_t{128}}) {
+      for (const std::size_t block : {std::size_t{1}, std::size_t{3}, std::size_t{7}, std::size_t{16}, std::size_t{37},
+                                      std::size_t{45}, std::size_t{128}}) {
         o.block = block;
         const Matrix<T> got = rope::attention::softmax(q, k, v, Rotation<T>{&table, style}, o);
         EXPECT_LE(at::relative_error(got, want), at::exact_tolerance<T>())
@@ -81,8 +81,8 @@ TYPED_TEST(SoftmaxTyped, DefaultPositionsAndSetScale) {
   o.scale = 0.3;
   o.block = 16;
   const auto pos = at::iota_positions(l);
-  const auto want = at::naive_softmax(at::to_ld(q), at::to_ld(k), at::to_ld(v), freqs.inv_freq, Style::rotate_half,
-                                      pos, pos, 0.3L, true);
+  const auto want = at::naive_softmax(at::to_ld(q), at::to_ld(k), at::to_ld(v), freqs.inv_freq, Style::rotate_half, pos,
+                                      pos, 0.3L, true);
   const Matrix<T> got = rope::attention::softmax(q, k, v, Rotation<T>{&table, Style::rotate_half}, o);
   EXPECT_LE(at::relative_error(got, want), at::exact_tolerance<T>());
   // Row 0 sees only key 0: its output is v_0.
@@ -123,8 +123,8 @@ TEST(Softmax, PartialRotary) {
   // The first r/2 pairs of the table over r channels: the same thetas as
   // rope::frequencies(16) restricted to its first r/2 pairs.
   std::vector<double> used(freqs.inv_freq.begin(), freqs.inv_freq.begin() + r / 2);
-  const auto want = at::naive_softmax(at::to_ld(q), at::to_ld(k), at::to_ld(v), used, Style::block_diagonal, pos,
-                                      pos, 1.0L / std::sqrt(at::LD(d)), false);
+  const auto want = at::naive_softmax(at::to_ld(q), at::to_ld(k), at::to_ld(v), used, Style::block_diagonal, pos, pos,
+                                      1.0L / std::sqrt(at::LD(d)), false);
   const Matrix<double> got = rope::attention::softmax(q, k, v, Rotation<double>{&table, Style::block_diagonal, r}, o);
   EXPECT_LE(at::relative_error(got, want), 1e-12);
 }
@@ -202,10 +202,13 @@ TEST(Softmax, BadInputThrowsAndWritesNothing) {
   const Rotation<double> rope{&table, Style::rotate_half};
   const auto message = [](auto&& call) { return rope_test::thrown_message(call); };
   using rope::attention::softmax;
-  EXPECT_NE(message([&] { softmax(q, Matrix<double>(k.leftCols(6)), v, rope); }).find("k.cols() (the head dimension) must be q.cols() = 8, got 6"),
+  EXPECT_NE(message([&] {
+              softmax(q, Matrix<double>(k.leftCols(6)), v, rope);
+            }).find("k.cols() (the head dimension) must be q.cols() = 8, got 6"),
             std::string::npos);
-  EXPECT_NE(message([&] { softmax(q, k, Matrix<double>(v.topRows(4)), rope); }).find("v.rows() must be k.rows() = 5, got 4"),
-            std::string::npos);
+  EXPECT_NE(
+      message([&] { softmax(q, k, Matrix<double>(v.topRows(4)), rope); }).find("v.rows() must be k.rows() = 5, got 4"),
+      std::string::npos);
   SoftmaxOptions o;
   o.block = 0;
   EXPECT_NE(message([&] { softmax(q, k, v, rope, o); }).find("options.block"), std::string::npos);
@@ -214,12 +217,19 @@ TEST(Softmax, BadInputThrowsAndWritesNothing) {
   EXPECT_NE(message([&] { softmax(q, k, v, rope, o); }).find("options.scale"), std::string::npos);
   o = {};
   o.k_positions = {0, 1, 2};
-  EXPECT_NE(message([&] { softmax(q, k, v, rope, o); }).find("options.k_positions.size() must be 0 or the number of rows 5, got 3"), std::string::npos);
+  EXPECT_NE(message([&] {
+              softmax(q, k, v, rope, o);
+            }).find("options.k_positions.size() must be 0 or the number of rows 5, got 3"),
+            std::string::npos);
   o = {};
   o.q_positions = {0, 1, 10, 2};
-  EXPECT_NE(message([&] { softmax(q, k, v, rope, o); }).find("out_of_range: rope::attention::softmax: options.q_positions[2] must be in the table's positions [0, 10), got 10"),
+  EXPECT_NE(message([&] { softmax(q, k, v, rope, o); })
+                .find("out_of_range: rope::attention::softmax: options.q_positions[2] must be in the table's positions "
+                      "[0, 10), got 10"),
             std::string::npos);
-  EXPECT_NE(message([&] { softmax(q, k, v, Rotation<double>{&table, Style::rotate_half, 5}); }).find("rotation.rotary_dim must be even, got 5"),
+  EXPECT_NE(message([&] {
+              softmax(q, k, v, Rotation<double>{&table, Style::rotate_half, 5});
+            }).find("rotation.rotary_dim must be even, got 5"),
             std::string::npos);
 
   // The View overload checks everything before writing.
@@ -293,7 +303,6 @@ at::Mat oracle_head(const Heads<T>& q, const Heads<T>& k, const Heads<T>& v, std
                            scale, true);
 }
 
-
 // Sliding windows and packed sequences, causal or not, keys sorted (tiles cut
 // at each query's range) or shuffled (entry by entry), every block size,
 // grouped-query views: each head equals the naive softmax with the mask.
@@ -336,14 +345,15 @@ TYPED_TEST(SoftmaxDecode, SoftmaxMasksMatchNaive) {
           if (causal && ps[j] > ps[i]) return false;
           return window == 0 || ps[j] > ps[i] - static_cast<std::int64_t>(window);
         };
-        for (const std::size_t block : {std::size_t{1}, std::size_t{3}, std::size_t{8}, std::size_t{37}, std::size_t{256}}) {
+        for (const std::size_t block :
+             {std::size_t{1}, std::size_t{3}, std::size_t{8}, std::size_t{37}, std::size_t{256}}) {
           o.block = block;
           Heads<T> out = Heads<T>::filled(l, hq, dv, T(-7));
           ra::softmax<T>(qs.view(), ks.view(), vs.view(), out.view(), Rotation<T>{&table, Style::block_diagonal}, o);
           for (std::size_t h = 0; h < hq; ++h) {
-            const auto want = at::naive_softmax_masked(qs.head_ld(h), ks.head_ld(h / group), vs.head_ld(h / group),
-                                                       freqs.inv_freq, Style::block_diagonal, ps, ps,
-                                                       1.0L / std::sqrt(at::LD(d)), visible);
+            const auto want =
+                at::naive_softmax_masked(qs.head_ld(h), ks.head_ld(h / group), vs.head_ld(h / group), freqs.inv_freq,
+                                         Style::block_diagonal, ps, ps, 1.0L / std::sqrt(at::LD(d)), visible);
             EXPECT_LE(head_error(out, h, want), tolerance<T>())
                 << "shuffled " << shuffled << " causal " << causal << " window " << window << " block " << block
                 << " head " << h;
@@ -353,7 +363,6 @@ TYPED_TEST(SoftmaxDecode, SoftmaxMasksMatchNaive) {
     }
   }
 }
-
 
 // Decoding: the cache holds keys rotated once (rope::apply); one query at
 // position t against the cache's first t + 1 keys, or against all of it with
@@ -395,7 +404,6 @@ TYPED_TEST(SoftmaxDecode, DecodeAgainstRotatedCacheEqualsPrefillRows) {
   }
 }
 
-
 // softmax_step: a prefill in chunks, then one token at a time, fills the
 // cache with exactly rope::apply's rotated keys and gives the rows of the
 // one-shot causal call.
@@ -436,12 +444,11 @@ TYPED_TEST(SoftmaxDecode, SoftmaxStepsEqualOneShot) {
   // A full cache refuses a step and writes nothing.
   const auto before = k_cache.data;
   ra::KvCache<T> full_cache{k_cache.view(), v_cache.view(), l + 3};
-  EXPECT_THROW(ra::softmax_step<T>(q.view().slice_tokens(0, 1), k.view().slice_tokens(0, 1), v.view().slice_tokens(0, 1),
-                                   full_cache, out.view().slice_tokens(0, 1), rotation, o),
+  EXPECT_THROW(ra::softmax_step<T>(q.view().slice_tokens(0, 1), k.view().slice_tokens(0, 1),
+                                   v.view().slice_tokens(0, 1), full_cache, out.view().slice_tokens(0, 1), rotation, o),
                std::invalid_argument);
   EXPECT_TRUE(at::same_bytes(before, k_cache.data));
 }
-
 
 // softmax_step with positions given for the new tokens (a gap after the
 // prompt) and with the cache starting at k_offset: the same as one call
@@ -474,7 +481,6 @@ TYPED_TEST(SoftmaxDecode, SoftmaxStepsWithGivenPositions) {
   }
 }
 
-
 // K given already rotated equals K rotated inside.
 TYPED_TEST(SoftmaxDecode, KeysRotatedEqualsRotatingInside) {
   using T = TypeParam;
@@ -506,9 +512,6 @@ using ra::Matrix;
 using ra::Rotation;
 using rope::Style;
 
-
-
-
 // The multi-head softmax refuses an output that shares memory with an input
 // or whose heads collapse onto one row, and writes nothing.
 TEST(SoftmaxEdges, SoftmaxViewsRefuseOverlappingOutputs) {
@@ -533,7 +536,6 @@ TEST(SoftmaxEdges, SoftmaxViewsRefuseOverlappingOutputs) {
   EXPECT_TRUE(at::same_bytes(v.data, v_before));
   EXPECT_TRUE(at::same_bytes(out.data, out_before));
 }
-
 
 // Block and chunk sizes beyond any matrix mean "everything in one block".
 TEST(SoftmaxEdges, HugeBlocksAndChunksAreOneBlock) {
@@ -583,8 +585,8 @@ struct StepCase {
                       const ra::SoftmaxOptions& o) {
     const auto k_before = k_cache.data, v_before = v_cache.data, out_before = out.data;
     const std::size_t length_before = c.length;
-    const std::string msg = rope_test::thrown_message(
-        [&] { ra::softmax_step<float>(q_view, k_view, v_view, c, o_view, rotation, o); });
+    const std::string msg =
+        rope_test::thrown_message([&] { ra::softmax_step<float>(q_view, k_view, v_view, c, o_view, rotation, o); });
     EXPECT_TRUE(attention_test::same_bytes(k_before, k_cache.data)) << msg;
     EXPECT_TRUE(attention_test::same_bytes(v_before, v_cache.data)) << msg;
     EXPECT_TRUE(attention_test::same_bytes(out_before, out.data)) << msg;
@@ -609,15 +611,16 @@ TEST(SoftmaxStepErrors, ViewsThatOverlapTheCacheOrTheOutput) {
   const rope::View<float> v_cache_all = c.cache.v;
   expect_starts(c.refused(q_in_cache, c.k_new.view(), c.v_new.view(), c.cache, c.out.view(), {}),
                 fn + "cache.k must be disjoint from q");
-  expect_starts(c.refused(c.q.view(), k_cache_all.slice_tokens(c.length, c.n), c.v_new.view(), c.cache, c.out.view(), {}),
-                fn + "cache.k must be disjoint from k_new");
+  expect_starts(
+      c.refused(c.q.view(), k_cache_all.slice_tokens(c.length, c.n), c.v_new.view(), c.cache, c.out.view(), {}),
+      fn + "cache.k must be disjoint from k_new");
   expect_starts(c.refused(c.q.view(), c.k_new.view(), v_cache_all.slice_tokens(0, c.n), c.cache, c.out.view(), {}),
                 fn + "cache.v must be disjoint from v_new");
   const rope::View<float> out_in_cache(c.v_cache.data.data(), c.n, c.hq, c.dv, c.hq * c.dv, c.dv);
   expect_starts(c.refused(c.q.view(), c.k_new.view(), c.v_new.view(), c.cache, out_in_cache, {}),
                 fn + "out must be disjoint from");
-  ra::KvCache<float> shared{c.cache.k, rope::View<float>(c.k_cache.data.data(), c.capacity, c.hk, c.dv, c.hk * c.d, c.d),
-                            c.length};
+  ra::KvCache<float> shared{
+      c.cache.k, rope::View<float>(c.k_cache.data.data(), c.capacity, c.hk, c.dv, c.hk * c.d, c.d), c.length};
   expect_starts(c.refused(c.q.view(), c.k_new.view(), c.v_new.view(), shared, c.out.view(), {}),
                 fn + "cache.k must be disjoint from cache.v");
 }
@@ -646,8 +649,9 @@ TEST(SoftmaxStepErrors, PositionsOutsideTheTableOrInt64) {
   ra::SoftmaxOptions o;
   o.k_offset = 10;  // the new tokens at 15 and 16; the table has 16 rows
   const std::string msg = c.refused(o);
-  expect_starts(msg, "out_of_range: " + fn + "options.k_offset + cache.length + 1 (the position of token 1) must be "
-                                             "in the table's positions [0, 16), got 16");
+  expect_starts(msg, "out_of_range: " + fn +
+                         "options.k_offset + cache.length + 1 (the position of token 1) must be "
+                         "in the table's positions [0, 16), got 16");
   o.k_offset = std::numeric_limits<std::int64_t>::max() - 3;
   expect_starts(c.refused(o), fn + "options.k_offset must be small enough for every position to fit in int64");
   ra::SoftmaxOptions given;
@@ -655,8 +659,9 @@ TEST(SoftmaxStepErrors, PositionsOutsideTheTableOrInt64) {
   expect_starts(c.refused(given), "out_of_range: " + fn + "options.q_positions[1] must be in the table's positions");
   ra::SoftmaxOptions keys;
   keys.k_positions = {0, 1, 2, 3, 4, 5, 99};
-  expect_starts(c.refused(keys), "out_of_range: " + fn + "options.k_positions[6] must be in the table's positions "
-                                                         "[0, 16), got 99");
+  expect_starts(c.refused(keys), "out_of_range: " + fn +
+                                     "options.k_positions[6] must be in the table's positions "
+                                     "[0, 16), got 99");
   keys.k_positions.pop_back();
   expect_starts(c.refused(keys), fn + "options.k_positions.size() must be 0 or the number of rows 7, got 6");
 }
@@ -713,9 +718,9 @@ TYPED_TEST(SoftmaxLogits, OneHeadMatchesOracleForEveryBlock) {
       const std::int64_t pq = o.q_positions[i], pk = o.k_positions[j];
       return pk <= pq && pk > pq - 60;
     };
-    const auto want = at::naive_softmax_masked(at::to_ld(q), at::to_ld(k), at::to_ld(v), freqs.inv_freq,
-                                               Style::rotate_half, o.q_positions, o.k_positions,
-                                               1.0L / std::sqrt(at::LD(d)), visible, logits);
+    const auto want =
+        at::naive_softmax_masked(at::to_ld(q), at::to_ld(k), at::to_ld(v), freqs.inv_freq, Style::rotate_half,
+                                 o.q_positions, o.k_positions, 1.0L / std::sqrt(at::LD(d)), visible, logits);
     for (const std::size_t block : kBlocks) {
       o.block = block;
       const Matrix<T> got = ra::softmax(q, k, v, Rotation<T>{&table, Style::rotate_half}, o);
@@ -796,10 +801,10 @@ TYPED_TEST(SoftmaxLogits, SoftmaxStepMatchesOracle) {
   ASSERT_EQ(cache.length, l);
   const auto p = at::iota_positions(l);
   for (std::size_t h = 0; h < hq; ++h) {
-    const auto want = at::naive_softmax_masked(q.head_ld(h), k.head_ld(h / group), v.head_ld(h / group),
-                                               freqs.inv_freq, Style::rotate_half, p, p, 1.0L / std::sqrt(at::LD(d)),
-                                               [](std::size_t i, std::size_t j) { return j <= i; },
-                                               at::Logits{1.5L, at::LD(o.sinks[h])});
+    const auto want = at::naive_softmax_masked(
+        q.head_ld(h), k.head_ld(h / group), v.head_ld(h / group), freqs.inv_freq, Style::rotate_half, p, p,
+        1.0L / std::sqrt(at::LD(d)), [](std::size_t i, std::size_t j) { return j <= i; },
+        at::Logits{1.5L, at::LD(o.sinks[h])});
     EXPECT_LE(at::relative_error(out.head(h), want), at::exact_tolerance<T>()) << "head " << h;
   }
 }
@@ -815,10 +820,9 @@ TEST(SoftmaxLogits, QueryThatSeesNothingWithSinkGivesZeros) {
   o.q_offset = -2;  // queries 0 and 1 sit before every key
   o.sinks = {0.75};
   o.softcap = 4.0;
-  const auto want = at::naive_softmax_masked(at::to_ld(q), at::to_ld(k), at::to_ld(v), {}, Style::rotate_half,
-                                             {}, {}, 1.0L / std::sqrt(at::LD(d)),
-                                             [](std::size_t i, std::size_t j) { return j + 2 <= i; },
-                                             at::Logits{4.0L, 0.75L});
+  const auto want = at::naive_softmax_masked(
+      at::to_ld(q), at::to_ld(k), at::to_ld(v), {}, Style::rotate_half, {}, {}, 1.0L / std::sqrt(at::LD(d)),
+      [](std::size_t i, std::size_t j) { return j + 2 <= i; }, at::Logits{4.0L, 0.75L});
   for (const std::size_t block : {std::size_t{1}, std::size_t{4}, std::size_t{64}}) {
     o.block = block;
     const Matrix<double> got = ra::softmax(q, k, v, {}, o);
@@ -881,17 +885,17 @@ TEST(SoftmaxLogits, NanKeyReachesOnlyTheQueriesThatSeeIt) {
   o.causal = true;
   o.softcap = 3.0;
   o.sinks = {0.5};
-  const auto want = at::naive_softmax_masked(at::to_ld(q), at::to_ld(k), at::to_ld(v), {}, Style::rotate_half, {}, {},
-                                             1.0L / std::sqrt(at::LD(d)),
-                                             [](std::size_t i, std::size_t j) { return j <= i && j + 1 < 20; },
-                                             at::Logits{3.0L, 0.5L});
+  const auto want = at::naive_softmax_masked(
+      at::to_ld(q), at::to_ld(k), at::to_ld(v), {}, Style::rotate_half, {}, {}, 1.0L / std::sqrt(at::LD(d)),
+      [](std::size_t i, std::size_t j) { return j <= i && j + 1 < 20; }, at::Logits{3.0L, 0.5L});
   for (const std::size_t block : {std::size_t{1}, std::size_t{5}, std::size_t{64}}) {
     o.block = block;
     const Matrix<float> got = ra::softmax(q, k, v, {}, o);
     EXPECT_TRUE(got.row(l - 1).array().isNaN().all()) << block;
     EXPECT_TRUE(got.topRows(l - 1).allFinite()) << block;
-    EXPECT_LE(at::relative_error(Matrix<float>(got.topRows(l - 1)),
-                                 at::Mat(want.begin(), want.end() - 1)), at::exact_tolerance<float>()) << block;
+    EXPECT_LE(at::relative_error(Matrix<float>(got.topRows(l - 1)), at::Mat(want.begin(), want.end() - 1)),
+              at::exact_tolerance<float>())
+        << block;
   }
 }
 
@@ -932,11 +936,9 @@ TEST(SoftmaxLogits, BadSoftcapOrSinksAreRefusedAndWriteNothing) {
   const auto views = [&] {
     return rope_test::thrown_message([&] { ra::softmax<double>(qh.view(), kh.view(), vh.view(), out.view(), {}, o); });
   };
-  EXPECT_EQ(views(),
-            fn + "options.sinks.size() must be 0 or the query heads 2, got 1");
+  EXPECT_EQ(views(), fn + "options.sinks.size() must be 0 or the query heads 2, got 1");
   o.sinks = {0.0, std::nan("")};
-  EXPECT_EQ(views(),
-            fn + "options.sinks[1] must be finite or -inf, got nan");
+  EXPECT_EQ(views(), fn + "options.sinks[1] must be finite or -inf, got nan");
   EXPECT_TRUE(at::same_bytes(before, out.data));
 
   Heads<double> k_cache = Heads<double>::filled(l, 1, d, 0.0), v_cache = Heads<double>::filled(l, 1, dv, 0.0);
@@ -944,9 +946,8 @@ TEST(SoftmaxLogits, BadSoftcapOrSinksAreRefusedAndWriteNothing) {
   ra::KvCache<double> cache{k_cache.view(), v_cache.view(), 0};
   o = {};
   o.softcap = -2.0;
-  EXPECT_EQ(rope_test::thrown_message([&] {
-              ra::softmax_step<double>(qh.view(), kh.view(), vh.view(), cache, out.view(), {}, o);
-            }),
+  EXPECT_EQ(rope_test::thrown_message(
+                [&] { ra::softmax_step<double>(qh.view(), kh.view(), vh.view(), cache, out.view(), {}, o); }),
             "rope::attention::softmax_step: options.softcap must be finite and > 0, got -2");
   EXPECT_EQ(cache.length, 0u);
   EXPECT_TRUE(at::same_bytes(k_before, k_cache.data));

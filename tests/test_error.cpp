@@ -43,7 +43,6 @@ TEST(Errors, CarryFunctionAndArgumentNames) {
   }
 }
 
-
 TEST(Errors, ConstructedErrorsKeepTheirNames) {
   const rope::invalid_argument a("rope::f", "x.y", "rope::f: x.y must be even, got 3");
   EXPECT_EQ(a.function(), "rope::f");

@@ -12,9 +12,9 @@
 
 #include <rope/frequencies.hpp>
 
-#include "support.hpp"
 #include <cstring>
 #include <functional>
+#include "support.hpp"
 
 namespace {
 
@@ -43,7 +43,6 @@ TEST(Frequencies, DefaultBaseIsTenThousand) {
   const auto f = rope::frequencies(64);
   EXPECT_NEAR(f.inv_freq[1], std::pow(10000.0, -2.0 / 64), 1e-16);
 }
-
 
 TEST(Frequencies, RejectsOddOrZeroRotaryDimNamingIt) {
   for (std::size_t r : {0u, 1u, 3u, 127u}) {
@@ -159,8 +158,7 @@ YarnResult yarn(std::size_t r, LD base, const rope::scaling::Yarn& y) {
 
 enum class Band { high, medium, low };
 
-std::vector<LD> llama3(std::size_t r, LD base, const rope::scaling::Llama3& s,
-                       std::vector<Band>* bands = nullptr) {
+std::vector<LD> llama3(std::size_t r, LD base, const rope::scaling::Llama3& s, std::vector<Band>* bands = nullptr) {
   std::vector<LD> out;
   const LD l0 = static_cast<LD>(s.original_max_positions);
   for (std::size_t p = 0; p < r / 2; ++p) {
@@ -192,13 +190,13 @@ std::vector<LD> longrope(std::size_t r, LD base, const std::vector<double>& ext)
 }  // namespace closed_form
 
 // Every value within `ulps` units of 2^-52 relative of the closed form.
-void expect_matches(const std::vector<double>& got, const std::vector<long double>& want,
-                    double ulps = 4, const char* what = "") {
+void expect_matches(const std::vector<double>& got, const std::vector<long double>& want, double ulps = 4,
+                    const char* what = "") {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (std::size_t p = 0; p < got.size(); ++p) {
     const long double tol = ulps * 0x1p-52L * std::fabs(want[p]);
-    EXPECT_LE(std::fabs(got[p] - want[p]), tol) << what << " p=" << p << " got " << got[p]
-                                                << " want " << static_cast<double>(want[p]);
+    EXPECT_LE(std::fabs(got[p] - want[p]), tol)
+        << what << " p=" << p << " got " << got[p] << " want " << static_cast<double>(want[p]);
   }
 }
 
@@ -283,7 +281,7 @@ TEST(Scaling, YarnMatchesTheClosedFormForCheckpointShapedConfigs) {
   };
   std::vector<Case> cases;
   cases.push_back({128, 1e6, yarn(4.0, 32768)});  // Qwen2.5 style
-  auto deepseek = yarn(40.0, 4096);                  // DeepSeek-V3 style
+  auto deepseek = yarn(40.0, 4096);               // DeepSeek-V3 style
   deepseek.mscale = 1.0;
   deepseek.mscale_all_dim = 1.0;
   cases.push_back({64, 10000.0, deepseek});
@@ -398,8 +396,8 @@ TEST(Scaling, YarnWithFactorAtOrBelowOneHasNoAttentionScaling) {
     expect_matches(f.inv_freq, closed_form::yarn(64, 10000.0L, y).inv, 4, "factor<=1");
   }
   // factor 1 leaves the schedule unchanged.
-  expect_matches(rope::frequencies(64, 10000.0, yarn(1.0, 4096)).inv_freq,
-                 closed_form::plain_all(64, 10000.0L), 2, "factor 1");
+  expect_matches(rope::frequencies(64, 10000.0, yarn(1.0, 4096)).inv_freq, closed_form::plain_all(64, 10000.0L), 2,
+                 "factor 1");
 }
 
 TEST(Scaling, Llama3MatchesTheClosedFormInAllThreeBands) {
@@ -498,11 +496,14 @@ TEST(Scaling, ProportionalRotatesTheFirstPairsOfTheFullHeadSchedule) {
   }
   // The factor divides the pairs that turn; 1.0 rotates every pair.
   const auto g = rope::frequencies(64, 10000.0, scaling::Proportional{1.0, 4.0});
-  expect_matches(g.inv_freq, [] {
-    auto v = closed_form::plain_all(64, 10000.0L);
-    for (auto& x : v) x /= 4;
-    return v;
-  }(), 2, "factor");
+  expect_matches(
+      g.inv_freq,
+      [] {
+        auto v = closed_form::plain_all(64, 10000.0L);
+        for (auto& x : v) x /= 4;
+        return v;
+      }(),
+      2, "factor");
   // floor(prf * r / 2) with prf * r rounded to double, as the reference's
   // int(prf * head_dim // 2): the double 0.6 is just below 3/5, yet 0.6 * 10
   // rounds to exactly 6.0, so 3 pairs turn (a wider product would give 2);
@@ -538,8 +539,8 @@ TEST(Scaling, CustomIsTakenAsGiven) {
 }
 
 // The message names the field and shows the value after "got ".
-void expect_rejects(const Scaling& s, const std::string& field, const std::string& value,
-                    std::size_t rotary_dim = 64, std::size_t seq_len = 0) {
+void expect_rejects(const Scaling& s, const std::string& field, const std::string& value, std::size_t rotary_dim = 64,
+                    std::size_t seq_len = 0) {
   const auto msg = rope_test::thrown_message([&] { rope::frequencies(rotary_dim, 10000.0, s, seq_len); });
   EXPECT_NE(msg.find(field), std::string::npos) << "field " << field << ": " << msg;
   EXPECT_NE(msg.find("got " + value), std::string::npos) << "value " << value << ": " << msg;
@@ -617,20 +618,18 @@ using rope_test::message_of;
 void expect_rejected(const rope::Scaling& scaling, const std::string& argument, const std::string& value,
                      std::size_t rotary_dim = 64, std::size_t seq_len = 0) {
   SCOPED_TRACE(argument + " = " + value);
-  const auto msg = message_of<std::invalid_argument>(
-      [&] { rope::frequencies(rotary_dim, 10000.0, scaling, seq_len); });
+  const auto msg = message_of<std::invalid_argument>([&] { rope::frequencies(rotary_dim, 10000.0, scaling, seq_len); });
   expect_names(msg, argument, value);
 }
 
 TEST(FrequenciesErrors, FrequenciesRotaryDimAndBase) {
-  for (std::size_t r : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{127},
-                        std::numeric_limits<std::size_t>::max()}) {
+  for (std::size_t r :
+       {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{127}, std::numeric_limits<std::size_t>::max()}) {
     const auto msg = message_of<std::invalid_argument>([&] { rope::frequencies(r); });
     expect_names(msg, "rotary_dim", std::to_string(r));
   }
-  const std::pair<double, const char*> bases[] = {{1.0, "1"},     {0.5, "0.5"}, {0.0, "0"},
-                                                  {-10.0, "-10"}, {kNaN, "nan"}, {kInf, "inf"},
-                                                  {-kInf, "-inf"}};
+  const std::pair<double, const char*> bases[] = {{1.0, "1"},    {0.5, "0.5"},  {0.0, "0"},     {-10.0, "-10"},
+                                                  {kNaN, "nan"}, {kInf, "inf"}, {-kInf, "-inf"}};
   for (const auto& bad : bases) {
     const double base = bad.first;  // a named copy: lambdas cannot capture a structured binding in C++17
     const auto msg = message_of<std::invalid_argument>([&] { rope::frequencies(64, base); });

@@ -47,8 +47,8 @@ struct Format {
       return m == 0 ? sign * std::ldexp(1.0L, bias + 1) : std::numeric_limits<long double>::quiet_NaN();
     }
     if (e == 0) return sign * std::ldexp(static_cast<long double>(m), 1 - bias - mantissa_bits);
-    return sign * std::ldexp(1.0L + std::ldexp(static_cast<long double>(m), -mantissa_bits),
-                             static_cast<int>(e) - bias);
+    return sign *
+           std::ldexp(1.0L + std::ldexp(static_cast<long double>(m), -mantissa_bits), static_cast<int>(e) - bias);
   }
   bool is_nan(std::uint16_t b) const {
     const unsigned e = (b >> mantissa_bits) & ((1u << exponent_bits) - 1);

@@ -108,7 +108,8 @@ TEST(HfConfig, EveryConfigMatchesTheReference) {
       const rope::Frequencies f = m.frequencies(layer, seq_len);
       const auto want = probe.at("inv_freq").get<std::vector<double>>();
       ASSERT_EQ(f.inv_freq.size(), want.size());
-      for (std::size_t p = 0; p < want.size(); ++p) expect_relative(f.inv_freq[p], want[p], "inv_freq[" + std::to_string(p) + "]");
+      for (std::size_t p = 0; p < want.size(); ++p)
+        expect_relative(f.inv_freq[p], want[p], "inv_freq[" + std::to_string(p) + "]");
       expect_relative(f.attention_factor, probe.at("attention_factor").get<double>(), "attention_factor");
     }
     for (const Json& q : e.at("query_scales")) {
@@ -136,7 +137,8 @@ TEST(HfConfig, EveryConfigFileIsChecked) {
   EXPECT_EQ(files, checked);
   EXPECT_GE(published, 14u);
   const fs::path shared = ROPE_EXTRA_HF_CONFIGS_DIR;
-  if (shared.empty()) GTEST_SKIP() << "no folder of published configs given (CMake: ROPE_EXTRA_HF_CONFIGS_DIR): copies not compared";
+  if (shared.empty())
+    GTEST_SKIP() << "no folder of published configs given (CMake: ROPE_EXTRA_HF_CONFIGS_DIR): copies not compared";
   ASSERT_TRUE(fs::is_directory(shared)) << shared << " (ROPE_EXTRA_HF_CONFIGS_DIR) is not a folder";
   std::size_t compared = 0;
   for (const auto& entry : fs::directory_iterator(shared)) {
@@ -247,9 +249,13 @@ TEST(HfConfig, BadConfigsAreNamedErrors) {
       {with({{"rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2}}}, {"max_position_embeddings", nullptr}}),
        "max_position_embeddings", "nothing"},
       {with({{"rope_scaling",
-              {{"rope_type", "llama3"}, {"factor", 8}, {"high_freq_factor", 4}, {"original_max_position_embeddings", 8192}}}}),
+              {{"rope_type", "llama3"},
+               {"factor", 8},
+               {"high_freq_factor", 4},
+               {"original_max_position_embeddings", 8192}}}}),
        "rope_scaling.low_freq_factor", "nothing"},
-      {with({{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8}, {"low_freq_factor", -1}, {"high_freq_factor", 4}}}}),
+      {with({{"rope_scaling",
+              {{"rope_type", "llama3"}, {"factor", 8}, {"low_freq_factor", -1}, {"high_freq_factor", 4}}}}),
        "rope_scaling.low_freq_factor", "-1"},
       {with({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4}, {"beta_fast", -32}}}}), "rope_scaling.beta_fast",
        "-32"},
@@ -462,8 +468,11 @@ TEST(HfConfig, ErrorsNameTheFunctionAndTheKey) {
   Json fancy = llama;
   fancy["rope_scaling"] = {{"rope_type", "fancy"}, {"factor", 2}};
   const Json nested = {{"model_type", "llava"},
-                       {"text_config", {{"model_type", "llama"}, {"hidden_size", 4096}, {"num_attention_heads", 32},
-                                        {"rope_scaling", {{"rope_type", "linear"}, {"factor", -1}}}}}};
+                       {"text_config",
+                        {{"model_type", "llama"},
+                         {"hidden_size", 4096},
+                         {"num_attention_heads", 32},
+                         {"rope_scaling", {{"rope_type", "linear"}, {"factor", -1}}}}}};
   Json sections = llama;
   sections["model_type"] = "qwen3_vl";
   sections["rope_scaling"] = {{"mrope_section", {2, 31, 31}}};

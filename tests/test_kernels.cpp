@@ -73,17 +73,15 @@ TYPED_TEST(Kernels, MatchReferenceOnEveryRotaryDimAlignmentAndPlacement) {
           for (std::size_t misalign : {0u, 1u, 3u}) {
             for (bool in_place : {false, true}) {
               std::ostringstream where;
-              where << Arch::name() << " " << rope::name(S) << " " << rope::name(dir)
-                    << " rotary_dim=" << r << " misalign=" << misalign
-                    << (in_place ? " in place" : " out of place");
+              where << Arch::name() << " " << rope::name(S) << " " << rope::name(dir) << " rotary_dim=" << r
+                    << " misalign=" << misalign << (in_place ? " in place" : " out of place");
               Guarded<T> in(r, misalign), out(r, (misalign + 1) % 4);
               std::copy(x.begin(), x.end(), in.data());
               T* y = in_place ? in.data() : out.data();
               rope::rotate<S, T, Arch>(in.data(), y, cos, sin, r, dir);
 
               for (std::size_t i = 0; i < r; ++i) {
-                ASSERT_NEAR(double(y[i]), expected[i], tolerance<T>(magnitude[i]))
-                    << where.str() << " channel " << i;
+                ASSERT_NEAR(double(y[i]), expected[i], tolerance<T>(magnitude[i])) << where.str() << " channel " << i;
               }
               ASSERT_TRUE(in.guards_intact()) << where.str();
               ASSERT_TRUE(out.guards_intact()) << where.str();
@@ -126,13 +124,12 @@ TYPED_TEST(Kernels, PairingsAgreeUpToTheChannelPermutation) {
           interleaved[2 * p + 1] = split[p + half];
         }
         std::vector<double> expected, magnitude;
-        rope_test::reference_in_double<Style::rotate_half>(split.data(), cs.data(), cs.data() + half,
-                                                           r, dir, expected, magnitude);
+        rope_test::reference_in_double<Style::rotate_half>(split.data(), cs.data(), cs.data() + half, r, dir, expected,
+                                                           magnitude);
         std::vector<T> y_split(r), y_interleaved(r);
-        rope::rotate<Style::rotate_half, T, Arch>(split.data(), y_split.data(), cs.data(),
-                                                  cs.data() + half, r, dir);
-        rope::rotate<Style::block_diagonal, T, Arch>(interleaved.data(), y_interleaved.data(),
-                                                     cs.data(), cs.data() + half, r, dir);
+        rope::rotate<Style::rotate_half, T, Arch>(split.data(), y_split.data(), cs.data(), cs.data() + half, r, dir);
+        rope::rotate<Style::block_diagonal, T, Arch>(interleaved.data(), y_interleaved.data(), cs.data(),
+                                                     cs.data() + half, r, dir);
         for (std::size_t p = 0; p < half; ++p) {
           ASSERT_NEAR(y_interleaved[2 * p], y_split[p], 2 * tolerance<T>(magnitude[p]))
               << Arch::name() << " r=" << r << " p=" << p;
@@ -168,8 +165,8 @@ TYPED_TEST(Kernels, RotateHeadsMatchesReferenceOnEveryHead) {
                                            cs.data() + r / 2, r, dir);
             for (std::size_t h = 0; h < heads; ++h) {
               std::vector<double> expected, magnitude;
-              rope_test::reference_in_double<S>(x.data() + h * x_stride, cs.data(), cs.data() + r / 2, r,
-                                                dir, expected, magnitude);
+              rope_test::reference_in_double<S>(x.data() + h * x_stride, cs.data(), cs.data() + r / 2, r, dir, expected,
+                                                magnitude);
               for (std::size_t i = 0; i < r; ++i) {
                 ASSERT_NEAR(double(y[h * ys + i]), expected[i], tolerance<T>(magnitude[i]))
                     << Arch::name() << " " << rope::name(S) << " r=" << r << " head " << h;
@@ -289,8 +286,7 @@ TYPED_TEST(Kernels, ScoresDependOnlyOnTheRelativePosition) {
         if (n < m) std::swap(m, n);
         const double absolute = dot(rotated<S>(q, f, m), rotated<S>(k, f, n));
         const double relative = dot(q, rotated<S>(k, f, n - m));
-        ASSERT_NEAR(absolute, relative, tol * scale) << rope::name(S) << " r=" << r << " m=" << m
-                                                     << " n=" << n;
+        ASSERT_NEAR(absolute, relative, tol * scale) << rope::name(S) << " r=" << r << " m=" << m << " n=" << n;
       }
     }
   });
@@ -335,9 +331,9 @@ void expect_16_bit_kernels_match_float() {
               for (std::size_t i = 0; i < stride; ++i) {
                 const std::size_t at = h * stride + i;
                 const std::uint16_t want = i < r ? H(wide[at]).bits : before[at].bits;
-                ASSERT_EQ(y[at].bits, want) << Arch::name() << " " << rope::name(S) << " " << rope::name(dir)
-                                            << " r=" << r << (in_place ? " in place" : "") << " head " << h
-                                            << " channel " << i;
+                ASSERT_EQ(y[at].bits, want)
+                    << Arch::name() << " " << rope::name(S) << " " << rope::name(dir) << " r=" << r
+                    << (in_place ? " in place" : "") << " head " << h << " channel " << i;
               }
             }
           }

@@ -63,8 +63,8 @@ TYPED_TEST(Simd, LoopRunsTheMachinesInstructionSet) {
   for (const auto& name : ran) list += name + " ";
   std::cout << "architectures run for " << rope_test::scalar_name<T>() << ": " << list << "\n";
 
-  EXPECT_TRUE(contains(ran, xsimd::default_arch::name())) << "default_arch " << xsimd::default_arch::name()
-                                                          << " did not run; ran: " << list;
+  EXPECT_TRUE(contains(ran, xsimd::default_arch::name()))
+      << "default_arch " << xsimd::default_arch::name() << " did not run; ran: " << list;
 #if defined(__aarch64__)
   EXPECT_TRUE(contains(ran, xsimd::neon64::name())) << "ran: " << list;
   // 32-bit neon runs float and is left out for double, never instantiated.

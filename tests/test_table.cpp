@@ -14,10 +14,10 @@
 #include <stdexcept>
 #include <vector>
 
-#include <rope/table.hpp>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <rope/table.hpp>
 #include "support.hpp"
 #include "ulp_oracle.hpp"
 
@@ -289,8 +289,7 @@ TEST(TableErrors, TableRefusesASizeThatOverflows) {
     EXPECT_EQ(e.function(), "rope::Table");
     EXPECT_EQ(e.argument(), "positions");
     EXPECT_NE(std::string(e.what()).find("positions must be at most"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("got " + std::to_string(positions)), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("got " + std::to_string(positions)), std::string::npos) << e.what();
   }
 }
 

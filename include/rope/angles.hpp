@@ -37,8 +37,8 @@ void angles(const Frequencies& freqs, std::size_t position, T* cos_out, T* sin_o
   if (cos_out == nullptr) detail::fail(fn, "cos_out", "non-null", nullptr);
   if (sin_out == nullptr) detail::fail(fn, "sin_out", "non-null", nullptr);
   if (position > kMaxExactPosition) detail::fail<rope::out_of_range>(fn, "position", "<= 2^53", position);
-  detail::sincos_row<T>(freqs.inv_freq.data(), freqs.inv_freq.size(),
-                        static_cast<double>(position), freqs.attention_factor, cos_out, sin_out);
+  detail::sincos_row<T>(freqs.inv_freq.data(), freqs.inv_freq.size(), static_cast<double>(position),
+                        freqs.attention_factor, cos_out, sin_out);
 }
 
 }  // namespace rope

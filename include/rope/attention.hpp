@@ -13,7 +13,6 @@
 
 #include "rope.hpp"
 
-
 #include "attention/common.hpp"
 #include "attention/features.hpp"
 #include "attention/linear.hpp"

@@ -21,7 +21,8 @@ namespace detail {
 // The names an error of rope carries besides its message.
 class ErrorSource {
  public:
-  ErrorSource(std::string function, std::string argument) : function_(std::move(function)), argument_(std::move(argument)) {}
+  ErrorSource(std::string function, std::string argument)
+      : function_(std::move(function)), argument_(std::move(argument)) {}
   const std::string& function() const noexcept { return function_; }
   const std::string& argument() const noexcept { return argument_; }
 

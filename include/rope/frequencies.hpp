@@ -27,8 +27,8 @@
 namespace rope {
 
 struct Frequencies {
-  std::vector<double> inv_freq;    // rotary_dim/2 values, theta_p
-  double attention_factor = 1.0;   // multiplies cos and sin in every table and angle
+  std::vector<double> inv_freq;   // rotary_dim/2 values, theta_p
+  double attention_factor = 1.0;  // multiplies cos and sin in every table and angle
 
   std::size_t rotary_dim() const noexcept { return 2 * inv_freq.size(); }
 };
@@ -128,9 +128,8 @@ struct Custom {
 
 }  // namespace scaling
 
-using Scaling = std::variant<scaling::None, scaling::Linear, scaling::Ntk, scaling::DynamicNtk,
-                             scaling::Yarn, scaling::Llama3, scaling::LongRope, scaling::Custom,
-                             scaling::Proportional>;
+using Scaling = std::variant<scaling::None, scaling::Linear, scaling::Ntk, scaling::DynamicNtk, scaling::Yarn,
+                             scaling::Llama3, scaling::LongRope, scaling::Custom, scaling::Proportional>;
 
 namespace detail {
 
@@ -176,8 +175,7 @@ inline void check_factors(const char* field, const std::vector<double>& f, std::
 inline std::vector<long double> schedule(std::size_t rotary_dim, long double base) {
   std::vector<long double> inv_freq(rotary_dim / 2);
   for (std::size_t p = 0; p < inv_freq.size(); ++p) {
-    const long double exponent =
-        -2.0L * static_cast<long double>(p) / static_cast<long double>(rotary_dim);
+    const long double exponent = -2.0L * static_cast<long double>(p) / static_cast<long double>(rotary_dim);
     inv_freq[p] = std::pow(base, exponent);
   }
   return inv_freq;
@@ -239,8 +237,7 @@ inline Frequencies scale(const scaling::DynamicNtk& s, const Schedule& c) {
   check_positive("scaling::DynamicNtk::original_max_positions", s.original_max_positions);
   // At or below L0 the stretch is exactly 1; the plain schedule avoids a
   // stretch of 1 - ulp (a base below `base`) from rounding.
-  const long double ratio =
-      static_cast<long double>(c.seq_len) / static_cast<long double>(s.original_max_positions);
+  const long double ratio = static_cast<long double>(c.seq_len) / static_cast<long double>(s.original_max_positions);
   const long double stretch = c.seq_len <= s.original_max_positions ? 1.0L : 1.0L + s.factor * (ratio - 1.0L);
   if (c.rotary_dim > 2 && stretch == 1.0L) return scale(scaling::None{}, c);
   // factor*ratio - (factor-1) = 1 + factor*(ratio-1) > 1 for ratio > 1.
@@ -346,7 +343,8 @@ inline Frequencies scale(const scaling::LongRope& s, const Schedule& c) {
     inv[p] /= static_cast<long double>(ext[p]);  // 1/(ext_p * base^(2p/r))
   }
   const long double l0 = static_cast<long double>(s.original_max_positions);
-  const long double ratio = s.factor ? static_cast<long double>(*s.factor) : static_cast<long double>(s.max_positions) / l0;
+  const long double ratio =
+      s.factor ? static_cast<long double>(*s.factor) : static_cast<long double>(s.max_positions) / l0;
   const long double attention = s.attention_factor ? static_cast<long double>(*s.attention_factor)
                                 : ratio <= 1.0L    ? 1.0L
                                                    : std::sqrt(1.0L + std::log(ratio) / std::log(l0));
@@ -392,8 +390,8 @@ inline Frequencies scale(const scaling::Custom& s, const Schedule& c) {
 // its value for an odd or zero rotary_dim, base <= 1, a factor <= 0, a length
 // of 0, a factor vector of the wrong length, or a factor so small that a
 // theta overflows.
-inline Frequencies frequencies(std::size_t rotary_dim, double base = 10000.0,
-                               const Scaling& scaling = {}, std::size_t seq_len = 0) {
+inline Frequencies frequencies(std::size_t rotary_dim, double base = 10000.0, const Scaling& scaling = {},
+                               std::size_t seq_len = 0) {
   detail::check_rotary_dim(rotary_dim);
   detail::check_base(base);
   const detail::Schedule schedule{rotary_dim, base, seq_len};

@@ -165,10 +165,11 @@ struct Storage<Float16> {
 // from float (Eigen::bfloat16, Eigen::half, ...): its own conversions are
 // trusted to round to nearest even.
 template <class T>
-using is_foreign_16bit = std::integral_constant<
-    bool, sizeof(T) == 2 && std::is_trivially_copyable<T>::value && !std::is_same<T, BFloat16>::value &&
-              !std::is_same<T, Float16>::value && !std::is_integral<T>::value &&
-              std::is_constructible<T, float>::value && std::is_constructible<float, T>::value>;
+using is_foreign_16bit =
+    std::integral_constant<bool, sizeof(T) == 2 && std::is_trivially_copyable<T>::value &&
+                                     !std::is_same<T, BFloat16>::value && !std::is_same<T, Float16>::value &&
+                                     !std::is_integral<T>::value && std::is_constructible<T, float>::value &&
+                                     std::is_constructible<float, T>::value>;
 
 template <class T>
 struct Storage<T, std::enable_if_t<is_foreign_16bit<T>::value>> {

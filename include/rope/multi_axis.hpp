@@ -59,8 +59,8 @@ void apply_axes(const char* fn, const View<T>& x, const Table<U>& table, Style s
     check_positions(fn, positions + a * x.tokens, x.tokens, table.positions(),
                     PositionNames{axis_name(a, axes) + " positions", "offset"});
   }
-  const MultiAxis<U> source{table.cos(0), table.rotary_dim() / 2, positions, x.tokens, axis_of_pair.data(),
-                            rotary_dim / 2};
+  const MultiAxis<U> source{table.cos(0), table.rotary_dim() / 2, positions,
+                            x.tokens,     axis_of_pair.data(),    rotary_dim / 2};
   run_loop<Arch>(style, &pass, 1, source, rotary_dim, options);
 }
 
@@ -96,8 +96,7 @@ void apply_mrope(View<T> x, const Table<U>& table, Style style, const std::int64
 // rest the column. Build the table from axial_frequencies for the usual
 // schedule, one rotary_dim/2-channel RoPE per axis.
 template <class T, class U, class Arch = xsimd::default_arch>
-void apply_axial(View<T> x, const Table<U>& table, Style style, const std::int64_t* positions,
-                 Options options = {}) {
+void apply_axial(View<T> x, const Table<U>& table, Style style, const std::int64_t* positions, Options options = {}) {
   detail::check_types<T, U>();
   const char* fn = "rope::apply_axial";
   const std::size_t rotary_dim = detail::checked_rotary_dim(fn, options, table.rotary_dim());

@@ -41,9 +41,7 @@ class Positions {
   const std::int64_t* ids() const noexcept { return ids_; }
   // The offset (meaningful when !by_id()); an unsigned offset above
   // INT64_MAX reads as INT64_MAX, past every table.
-  std::int64_t offset() const noexcept {
-    return beyond_int64_ ? std::numeric_limits<std::int64_t>::max() : offset_;
-  }
+  std::int64_t offset() const noexcept { return beyond_int64_ ? std::numeric_limits<std::int64_t>::max() : offset_; }
   // Position of token t (unchecked). Forced inline: the token loop calls it
   // from code compiled once per instruction set (detail/inline.hpp).
   ROPE_ALWAYS_INLINE std::int64_t at(std::size_t t) const noexcept {

@@ -43,8 +43,7 @@ void rotate(const T* x, T* y, const T* cos, const T* sin, std::size_t rotary_dim
 
 // scores[r * score_stride] = sum_c q[r * d + c] * key[c], in channel order.
 template <class T>
-void dot_rows(const T* q, std::size_t rows, std::size_t d, const T* key, T* scores,
-              std::size_t score_stride) noexcept {
+void dot_rows(const T* q, std::size_t rows, std::size_t d, const T* key, T* scores, std::size_t score_stride) noexcept {
   for (std::size_t r = 0; r < rows; ++r) {
     T total = 0;
     for (std::size_t c = 0; c < d; ++c) total += q[r * d + c] * key[c];

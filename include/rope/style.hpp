@@ -41,11 +41,7 @@ decltype(auto) with_style(Style s, F&& f) {
   return f(StyleConstant<Style::block_diagonal>{});
 }
 
-constexpr const char* name(Style s) noexcept {
-  return s == Style::rotate_half ? "rotate_half" : "block_diagonal";
-}
-constexpr const char* name(Direction d) noexcept {
-  return d == Direction::forward ? "forward" : "inverse";
-}
+constexpr const char* name(Style s) noexcept { return s == Style::rotate_half ? "rotate_half" : "block_diagonal"; }
+constexpr const char* name(Direction d) noexcept { return d == Direction::forward ? "forward" : "inverse"; }
 
 }  // namespace rope

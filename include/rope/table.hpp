@@ -67,9 +67,7 @@ class Table {
 
   // Builds rows for positions 0 .. positions-1.
   Table(const Frequencies& freqs, std::size_t positions)
-      : pairs_(freqs.inv_freq.size()),
-        positions_(positions),
-        attention_factor_(freqs.attention_factor) {
+      : pairs_(freqs.inv_freq.size()), positions_(positions), attention_factor_(freqs.attention_factor) {
     if (pairs_ == 0) detail::fail("rope::Table", "freqs.inv_freq", "non-empty", "empty");
     if (positions > data_.max_size() / (2 * pairs_)) {
       detail::fail("rope::Table", "positions",
@@ -80,8 +78,7 @@ class Table {
     data_.resize(positions * 2 * pairs_);
     for (std::size_t m = 0; m < positions; ++m) {
       T* c = data_.data() + m * 2 * pairs_;
-      detail::sincos_row<T>(freqs.inv_freq.data(), pairs_, static_cast<double>(m),
-                            attention_factor_, c, c + pairs_);
+      detail::sincos_row<T>(freqs.inv_freq.data(), pairs_, static_cast<double>(m), attention_factor_, c, c + pairs_);
     }
   }
 

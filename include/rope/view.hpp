@@ -33,8 +33,8 @@ struct View {
   std::size_t head_stride = 0;
 
   constexpr View() noexcept = default;
-  constexpr View(T* data_, std::size_t tokens_, std::size_t heads_, std::size_t head_dim_,
-                 std::size_t token_stride_, std::size_t head_stride_) noexcept
+  constexpr View(T* data_, std::size_t tokens_, std::size_t heads_, std::size_t head_dim_, std::size_t token_stride_,
+                 std::size_t head_stride_) noexcept
       : data(data_),
         tokens(tokens_),
         heads(heads_),
@@ -47,19 +47,17 @@ struct View {
       : View(v.data, v.tokens, v.heads, v.head_dim, v.token_stride, v.head_stride) {}
 
   // Memory laid out as [tokens, heads, head_dim] (what a Q/K projection writes).
-  static constexpr View token_major(T* data, std::size_t tokens, std::size_t heads,
-                                    std::size_t head_dim) noexcept {
+  static constexpr View token_major(T* data, std::size_t tokens, std::size_t heads, std::size_t head_dim) noexcept {
     return View(data, tokens, heads, head_dim, heads * head_dim, head_dim);
   }
   // Memory laid out as [heads, tokens, head_dim] (after a transpose to heads first).
-  static constexpr View head_major(T* data, std::size_t tokens, std::size_t heads,
-                                   std::size_t head_dim) noexcept {
+  static constexpr View head_major(T* data, std::size_t tokens, std::size_t heads, std::size_t head_dim) noexcept {
     return View(data, tokens, heads, head_dim, head_dim, tokens * head_dim);
   }
   // Heads first_head .. first_head+heads-1 of a [tokens, total_heads, head_dim]
   // buffer, e.g. the K part of a fused QKV projection.
-  static constexpr View packed(T* base, std::size_t tokens, std::size_t total_heads,
-                               std::size_t first_head, std::size_t heads, std::size_t head_dim) noexcept {
+  static constexpr View packed(T* base, std::size_t tokens, std::size_t total_heads, std::size_t first_head,
+                               std::size_t heads, std::size_t head_dim) noexcept {
     return View(base + first_head * head_dim, tokens, heads, head_dim, total_heads * head_dim, head_dim);
   }
 

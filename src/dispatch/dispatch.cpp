@@ -10,8 +10,8 @@
 #include <vector>
 
 #include <rope/detail/error.hpp>
-#include <rope/tensor/dispatch_table.hpp>
 #include <rope/detail/simd.hpp>
+#include <rope/tensor/dispatch_table.hpp>
 
 #include "isa.hpp"
 

@@ -32,8 +32,8 @@ extern const rope::detail::DispatchTable neon;
 // Defines the table `name` for the xsimd architecture `arch`, constant-
 // initialised (no code runs at start-up), and refuses to compile without
 // the flags that architecture needs.
-#define ROPE_DISPATCH_DEFINE_LOOPS(name, ...)                                                          \
+#define ROPE_DISPATCH_DEFINE_LOOPS(name, ...)                                                              \
   static_assert(__VA_ARGS__::supported(), "loops_" #name ".cpp: compile with the flags of " #__VA_ARGS__); \
-  namespace rope::dispatch::isa {                                                                      \
-  constexpr rope::detail::DispatchTable name = rope::detail::make_dispatch_table<__VA_ARGS__>();                        \
+  namespace rope::dispatch::isa {                                                                          \
+  constexpr rope::detail::DispatchTable name = rope::detail::make_dispatch_table<__VA_ARGS__>();           \
   }

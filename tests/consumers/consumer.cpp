@@ -26,15 +26,13 @@ int main() {
   const std::size_t m = 17, n = 40;
   rope::rotate<rope::Style::rotate_half>(q.data(), rq.data(), table.cos(m), table.sin(m), head_dim);
   rope::rotate<rope::Style::rotate_half>(k.data(), rk.data(), table.cos(n), table.sin(n), head_dim);
-  rope::rotate<rope::Style::rotate_half>(k.data(), rk_rel.data(), table.cos(n - m), table.sin(n - m),
-                                         head_dim);
+  rope::rotate<rope::Style::rotate_half>(k.data(), rk_rel.data(), table.cos(n - m), table.sin(n - m), head_dim);
   double absolute = 0, relative = 0;
   for (std::size_t i = 0; i < head_dim; ++i) {
     absolute += double(rq[i]) * rk[i];
     relative += double(q[i]) * rk_rel[i];
   }
-  std::printf("rope %d: <R_m q, R_n k> = %.6f, <q, R_(n-m) k> = %.6f\n", rope::kVersion, absolute,
-              relative);
+  std::printf("rope %d: <R_m q, R_n k> = %.6f, <q, R_(n-m) k> = %.6f\n", rope::kVersion, absolute, relative);
   if (std::fabs(absolute - relative) >= 1e-4) return 1;
   // Known values: e_p at position m, against cos and sin in double.
   for (const std::size_t p : {0u, 5u, 31u}) {

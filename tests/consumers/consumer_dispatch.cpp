@@ -26,8 +26,7 @@ int main() {
     k[i] = std::cos(0.7f * i - 0.2f);
   }
   const auto rotated = [&](std::vector<float> x, std::int64_t position) {
-    rope::apply(rope::View<float>::token_major(x.data(), 1, 1, head_dim), table, rope::Style::rotate_half,
-                position);
+    rope::apply(rope::View<float>::token_major(x.data(), 1, 1, head_dim), table, rope::Style::rotate_half, position);
     return x;
   };
   const std::int64_t m = 17, n = 40;

@@ -34,8 +34,8 @@ int main() {
   rope::apply(rope::View<double>::token_major(q.data(), 1, 1, 64), table, m.style, &position);
   ok = ok && std::fabs(q[0] - attention * std::cos(1000.0)) < 1e-12 &&
        std::fabs(q[32] - attention * std::sin(1000.0)) < 1e-12;
-  std::printf("rope %d hf_config: %s yarn, attention factor %.6f, pair 0 at %lld -> (%.6f, %.6f): %s\n",
-              rope::kVersion, m.model_type.c_str(), f.attention_factor, static_cast<long long>(position), q[0],
-              q[32], ok ? "ok" : "WRONG");
+  std::printf("rope %d hf_config: %s yarn, attention factor %.6f, pair 0 at %lld -> (%.6f, %.6f): %s\n", rope::kVersion,
+              m.model_type.c_str(), f.attention_factor, static_cast<long long>(position), q[0], q[32],
+              ok ? "ok" : "WRONG");
   return ok ? 0 : 1;
 }

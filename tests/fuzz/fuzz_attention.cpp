@@ -134,15 +134,16 @@ void softmax_typed(Bytes& in) {
   if (rotate) valid = valid && r % 2 == 0 && r <= table_dim && r <= d;
   bool positions_ok = true;
   if (rotate) {
-    for (std::size_t i = 0; i < lq; ++i) positions_ok = positions_ok && pq(i) >= 0 && pq(i) < std::int64_t(table_positions);
+    for (std::size_t i = 0; i < lq; ++i)
+      positions_ok = positions_ok && pq(i) >= 0 && pq(i) < std::int64_t(table_positions);
     for (std::size_t j = 0; j < lk && !o.keys_rotated; ++j) {
       positions_ok = positions_ok && pk(j) >= 0 && pk(j) < std::int64_t(table_positions);
     }
   }
-  const std::string where = "softmax lq=" + std::to_string(lq) + " lk=" + std::to_string(lk) + " heads=" +
-                            std::to_string(hq) + "/" + std::to_string(hk) + " d=" + std::to_string(d) +
-                            " r=" + std::to_string(r) + " block=" + std::to_string(o.block) + " break=" +
-                            std::to_string(view_break);
+  const std::string where = "softmax lq=" + std::to_string(lq) + " lk=" + std::to_string(lk) +
+                            " heads=" + std::to_string(hq) + "/" + std::to_string(hk) + " d=" + std::to_string(d) +
+                            " r=" + std::to_string(r) + " block=" + std::to_string(o.block) +
+                            " break=" + std::to_string(view_break);
   bool threw = false;
   try {
     ra::softmax<T>(rope::View<const T>::token_major(q.data(), lq, hq, d),
@@ -176,7 +177,8 @@ void softmax_typed(Bytes& in) {
       std::vector<std::size_t> keys;
       bool finite = finite_all(qi);
       for (std::size_t j = 0; j < lk; ++j) {
-        const std::int64_t sq = o.q_sequence.empty() ? 0 : o.q_sequence[i], sk = o.k_sequence.empty() ? 0 : o.k_sequence[j];
+        const std::int64_t sq = o.q_sequence.empty() ? 0 : o.q_sequence[i],
+                           sk = o.k_sequence.empty() ? 0 : o.k_sequence[j];
         if (sq != sk || (o.causal && pk(j) > pq(i))) continue;
         if (o.window != 0 && pk(j) <= pq(i) && pq(i) - pk(j) >= std::int64_t(o.window)) continue;
         std::vector<LD> kj = head_row(k, j, g, hk, d);
@@ -249,11 +251,13 @@ void linear_features(Bytes& in) {
   const bool valid = o.chunk > 0 && (!eq19 || (m % 2 == 0 && table_dim == m));
   // Eq. 19 looks its positions up in the feature table.
   bool positions_ok = true;
-  for (std::size_t i = 0; i < lq && eq19 && !explicit_positions; ++i) positions_ok = positions_ok && i < table_positions;
-  for (std::size_t j = 0; j < lk && eq19 && !explicit_positions; ++j) positions_ok = positions_ok && j < table_positions;
-  const std::string where = "linear lq=" + std::to_string(lq) + " lk=" + std::to_string(lk) + " m=" +
-                            std::to_string(m) + " eq19=" + std::to_string(eq19) + " table=" + std::to_string(table_dim) +
-                            " chunk=" + std::to_string(o.chunk);
+  for (std::size_t i = 0; i < lq && eq19 && !explicit_positions; ++i)
+    positions_ok = positions_ok && i < table_positions;
+  for (std::size_t j = 0; j < lk && eq19 && !explicit_positions; ++j)
+    positions_ok = positions_ok && j < table_positions;
+  const std::string where = "linear lq=" + std::to_string(lq) + " lk=" + std::to_string(lk) +
+                            " m=" + std::to_string(m) + " eq19=" + std::to_string(eq19) +
+                            " table=" + std::to_string(table_dim) + " chunk=" + std::to_string(o.chunk);
   ra::Matrix<T> got;
   try {
     got = eq19 ? ra::linear_eq19(fq, fk, v, ra::Rotation<T>{&table}, o) : ra::linear(fq, fk, v, o);
@@ -278,7 +282,8 @@ void linear_features(Bytes& in) {
     bool finite = finite_all(qn), seen = false;
     LD magnitude = 0;
     for (std::size_t j = 0; j < lk; ++j) {
-      const std::int64_t sq = o.q_sequence.empty() ? 0 : o.q_sequence[i], sk = o.k_sequence.empty() ? 0 : o.k_sequence[j];
+      const std::int64_t sq = o.q_sequence.empty() ? 0 : o.q_sequence[i],
+                         sk = o.k_sequence.empty() ? 0 : o.k_sequence[j];
       if (sq != sk || (o.causal && pos(o.k_positions, j) > pos(o.q_positions, i))) continue;
       seen = true;
       std::vector<LD> kn(m), kd(m);
@@ -306,7 +311,8 @@ void linear_features(Bytes& in) {
     for (std::size_t c = 0; c < dv; ++c) {
       const LD g = got(Eigen::Index(i), Eigen::Index(c));
       ROPE_FUZZ_CHECK(std::isfinite(g), where + ": a row of finite inputs is not finite");
-      ROPE_FUZZ_CHECK(std::fabs(g - num[c] / den) <= tolerance * (1 + magnitude / den), where + " row " + std::to_string(i));
+      ROPE_FUZZ_CHECK(std::fabs(g - num[c] / den) <= tolerance * (1 + magnitude / den),
+                      where + " row " + std::to_string(i));
     }
   }
 }
@@ -326,7 +332,8 @@ void linear_views(Bytes& in) {
   o.causal = in.flag();
   o.chunk = 1 + in.u8() % 4;
   o.threads = in.u8() % 3;
-  auto q = elements<double>(in, l * hq * d), k = elements<double>(in, l * hk * d), v = elements<double>(in, l * hk * dv);
+  auto q = elements<double>(in, l * hq * d), k = elements<double>(in, l * hk * d),
+       v = elements<double>(in, l * hk * dv);
   std::vector<double> out(l * hq * dv, -9.0);
   const auto out_before = out;
   rope::View<double> out_view = rope::View<double>::token_major(out.data(), l, hq, dv);
@@ -349,7 +356,8 @@ void linear_views(Bytes& in) {
   one.threads = 1;
   for (std::size_t h = 0; h < hq; ++h) {
     ra::Matrix<double> qh(static_cast<Eigen::Index>(l), static_cast<Eigen::Index>(d)),
-        kh(static_cast<Eigen::Index>(l), static_cast<Eigen::Index>(d)), vh(static_cast<Eigen::Index>(l), static_cast<Eigen::Index>(dv));
+        kh(static_cast<Eigen::Index>(l), static_cast<Eigen::Index>(d)),
+        vh(static_cast<Eigen::Index>(l), static_cast<Eigen::Index>(dv));
     for (std::size_t t = 0; t < l; ++t) {
       for (std::size_t c = 0; c < d; ++c) {
         qh(Eigen::Index(t), Eigen::Index(c)) = q[(t * hq + h) * d + c];
@@ -388,7 +396,8 @@ void softmax_step_typed(Bytes& in) {
   o.threads = 1 + in.u8() % 3;
   o.k_offset = static_cast<std::int64_t>(in.u8() % (table_positions + 2)) - 1;
   if (in.u8() % 4 == 0) {
-    for (std::size_t t = 0; t < n; ++t) o.q_positions.push_back(static_cast<std::int64_t>(in.u8() % (table_positions + 1)));
+    for (std::size_t t = 0; t < n; ++t)
+      o.q_positions.push_back(static_cast<std::int64_t>(in.u8() % (table_positions + 1)));
   }
   auto k_cache = elements<T>(in, capacity * hk * d), v_cache = elements<T>(in, capacity * hk * dv);
   auto q = elements<T>(in, n * hq * d), k_new = elements<T>(in, n * hk * d), v_new = elements<T>(in, n * hk * dv);
@@ -397,7 +406,8 @@ void softmax_step_typed(Bytes& in) {
                        rope::View<T>::token_major(v_cache.data(), capacity, hk, dv), length};
   rope::View<const T> k_view = rope::View<const T>::token_major(k_new.data(), n, hk, d);
   const std::uint8_t view_break = in.u8() % 8;
-  if (view_break == 0 && n > 0 && n <= capacity) k_view = rope::View<const T>(cache.k.slice_tokens(0, n));  // in the cache
+  if (view_break == 0 && n > 0 && n <= capacity)
+    k_view = rope::View<const T>(cache.k.slice_tokens(0, n));  // in the cache
   const auto k_before = k_cache, v_before = v_cache, out_before = out;
   const std::string where = "softmax_step capacity=" + std::to_string(capacity) + " length=" + std::to_string(length) +
                             " n=" + std::to_string(n) + " break=" + std::to_string(view_break);
@@ -415,8 +425,10 @@ void softmax_step_typed(Bytes& in) {
   }
   if (threw) {
     ROPE_FUZZ_CHECK(cache.length == length, where + ": length changed");
-    ROPE_FUZZ_CHECK(std::memcmp(k_cache.data(), k_before.data(), k_cache.size() * sizeof(T)) == 0, where + ": k written");
-    ROPE_FUZZ_CHECK(std::memcmp(v_cache.data(), v_before.data(), v_cache.size() * sizeof(T)) == 0, where + ": v written");
+    ROPE_FUZZ_CHECK(std::memcmp(k_cache.data(), k_before.data(), k_cache.size() * sizeof(T)) == 0,
+                    where + ": k written");
+    ROPE_FUZZ_CHECK(std::memcmp(v_cache.data(), v_before.data(), v_cache.size() * sizeof(T)) == 0,
+                    where + ": v written");
     ROPE_FUZZ_CHECK(std::memcmp(out.data(), out_before.data(), out.size() * sizeof(T)) == 0, where + ": out written");
     return;
   }

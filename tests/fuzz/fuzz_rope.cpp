@@ -59,8 +59,7 @@ void fuzz_frequencies(Bytes& in) {
     const long double exact =
         std::pow(static_cast<long double>(base), -2.0L * static_cast<long double>(p) / rotary_dim);
     const double bound = 0x1p-52 * static_cast<double>(exact) + std::numeric_limits<double>::denorm_min();
-    ROPE_FUZZ_CHECK(std::fabs(f.inv_freq[p] - static_cast<double>(exact)) <= bound,
-                    args + " p=" + std::to_string(p));
+    ROPE_FUZZ_CHECK(std::fabs(f.inv_freq[p] - static_cast<double>(exact)) <= bound, args + " p=" + std::to_string(p));
   }
 }
 
@@ -228,9 +227,10 @@ void fuzz_scaling(Bytes& in) {
       if (in.u8() % 4 == 0) cu.inv_freq.assign(cu.inv_freq.size(), 0.0);  // zero is allowed
       cu.attention_factor = in.flag() ? field(in) : 1.0;
       scaling = cu;
-      valid = valid && cu.inv_freq.size() == pairs &&
-              std::all_of(cu.inv_freq.begin(), cu.inv_freq.end(), [](double v) { return v >= 0 && std::isfinite(v); }) &&
-              positive(cu.attention_factor);
+      valid =
+          valid && cu.inv_freq.size() == pairs &&
+          std::all_of(cu.inv_freq.begin(), cu.inv_freq.end(), [](double v) { return v >= 0 && std::isfinite(v); }) &&
+          positive(cu.attention_factor);
       if (valid) {
         closed.assign(cu.inv_freq.begin(), cu.inv_freq.end());
         attention = cu.attention_factor;
@@ -247,11 +247,10 @@ void fuzz_scaling(Bytes& in) {
     const std::string msg = e.what();
     // Fields valid one by one may still overflow together (a tiny factor
     // divides theta into infinity); frequencies() refuses that result.
-    const bool overflow =
-        msg.find("keep every inv_freq finite") != std::string::npos &&
-        (closed.empty() || std::any_of(closed.begin(), closed.end(), [](long double v) {
-           return !(v <= static_cast<long double>(std::numeric_limits<double>::max()));
-         }));
+    const bool overflow = msg.find("keep every inv_freq finite") != std::string::npos &&
+                          (closed.empty() || std::any_of(closed.begin(), closed.end(), [](long double v) {
+                             return !(v <= static_cast<long double>(std::numeric_limits<double>::max()));
+                           }));
     ROPE_FUZZ_CHECK(!valid || overflow || (may_throw_derived && msg.find("attention factor") != std::string::npos),
                     args + ": " + msg);
     ROPE_FUZZ_CHECK(msg.find("rope::frequencies: ") == 0 && msg.find(", got ") != std::string::npos, msg);
@@ -320,14 +319,14 @@ void fuzz_kernel_row(Bytes& in) {
   std::vector<double> xd(x.begin(), x.end()), cd(cos, cos + rotary_dim / 2), sd(sin, sin + rotary_dim / 2);
   std::vector<double> expected(rotary_dim);
   rope::reference::rotate<S>(xd.data(), expected.data(), cd.data(), sd.data(), rotary_dim, dir);
-  const std::string where = std::string(rope::name(S)) + " " + rope::name(dir) + " T=" +
-                            (sizeof(T) == 4 ? "float" : "double") + " rotary_dim=" + std::to_string(rotary_dim) +
-                            " m=" + std::to_string(m) + " base=" + std::to_string(base);
+  const std::string where =
+      std::string(rope::name(S)) + " " + rope::name(dir) + " T=" + (sizeof(T) == 4 ? "float" : "double") +
+      " rotary_dim=" + std::to_string(rotary_dim) + " m=" + std::to_string(m) + " base=" + std::to_string(base);
   for (std::size_t p = 0; p < rotary_dim / 2; ++p) {
     const std::size_t a = rope::first_channel<S>(p, rotary_dim);
     const std::size_t b = rope::second_channel<S>(p, rotary_dim);
-    const double magnitude = std::fabs(xd[a] * cd[p]) + std::fabs(xd[b] * sd[p]) + std::fabs(xd[b] * cd[p]) +
-                             std::fabs(xd[a] * sd[p]);
+    const double magnitude =
+        std::fabs(xd[a] * cd[p]) + std::fabs(xd[b] * sd[p]) + std::fabs(xd[b] * cd[p]) + std::fabs(xd[a] * sd[p]);
     ROPE_FUZZ_CHECK(same_as_reference(y[a], expected[a], magnitude), where + " channel " + std::to_string(a));
     ROPE_FUZZ_CHECK(same_as_reference(y[b], expected[b], magnitude), where + " channel " + std::to_string(b));
   }
@@ -398,9 +397,9 @@ std::size_t span_of(std::size_t tokens, std::size_t heads, std::size_t head_dim,
 // every other element of the buffer is as before.
 template <class T, rope::Style S>
 void check_rotated(const rope::Table<T>& table, const std::vector<T>& x, const std::vector<T>& before,
-                   const std::vector<T>& y, std::size_t tokens, std::size_t heads, std::size_t head_dim,
-                   std::size_t ts, std::size_t hs, std::size_t rotary_dim, const std::vector<std::int64_t>& pos,
-                   rope::Direction dir, const std::string& where) {
+                   const std::vector<T>& y, std::size_t tokens, std::size_t heads, std::size_t head_dim, std::size_t ts,
+                   std::size_t hs, std::size_t rotary_dim, const std::vector<std::int64_t>& pos, rope::Direction dir,
+                   const std::string& where) {
   std::vector<char> role(y.size(), 0);
   const std::size_t pairs = rotary_dim / 2;
   std::vector<double> xd(rotary_dim), cd(pairs), sd(pairs), expected(rotary_dim);
@@ -416,8 +415,8 @@ void check_rotated(const rope::Table<T>& table, const std::vector<T>& x, const s
       rope::reference::rotate<S>(xd.data(), expected.data(), cd.data(), sd.data(), rotary_dim, dir);
       for (std::size_t p = 0; p < pairs; ++p) {
         const std::size_t a = rope::first_channel<S>(p, rotary_dim), b = rope::second_channel<S>(p, rotary_dim);
-        const double mag = std::fabs(xd[a] * cd[p]) + std::fabs(xd[b] * sd[p]) + std::fabs(xd[b] * cd[p]) +
-                           std::fabs(xd[a] * sd[p]);
+        const double mag =
+            std::fabs(xd[a] * cd[p]) + std::fabs(xd[b] * sd[p]) + std::fabs(xd[b] * cd[p]) + std::fabs(xd[a] * sd[p]);
         ROPE_FUZZ_CHECK(same_as_reference(y[o + a], expected[a], mag), where + " t=" + std::to_string(t));
         ROPE_FUZZ_CHECK(same_as_reference(y[o + b], expected[b], mag), where + " t=" + std::to_string(t));
       }
@@ -474,8 +473,8 @@ void fuzz_apply_typed(Bytes& in) {
   for (auto& m : pos) {
     m = in.u8() % 16 == 0 ? static_cast<std::int64_t>(in.u64()) : static_cast<std::int64_t>(in.u8() % table_positions);
   }
-  const std::int64_t offset = in.u8() % 16 == 0 ? static_cast<std::int64_t>(in.u64())
-                                                 : static_cast<std::int64_t>(in.u8() % table_positions);
+  const std::int64_t offset =
+      in.u8() % 16 == 0 ? static_cast<std::int64_t>(in.u64()) : static_cast<std::int64_t>(in.u8() % table_positions);
 
   const bool qk = mode >= 3;
   const bool out_of_place = mode == 1 || mode == 4;
@@ -512,11 +511,11 @@ void fuzz_apply_typed(Bytes& in) {
   const rope::View<T> kv(k.ptr(), tokens, k_heads, head_dim, k_ts, k_hs);
   const rope::View<T> kov(k_out.ptr(), tokens, k_heads, head_dim, k_ts, k_hs);
   const std::int64_t* ids = null_positions ? nullptr : pos.data();
-  const std::string where = std::string(rope::name(S)) + " mode=" + std::to_string(mode) + " tokens=" +
-                            std::to_string(tokens) + " heads=" + std::to_string(heads) + "/" + std::to_string(k_heads) +
-                            " head_dim=" + std::to_string(head_dim) + " strides=" + std::to_string(ts) + "," +
-                            std::to_string(hs) + " r=" + std::to_string(r) + " threads=" +
-                            std::to_string(options.threads);
+  const std::string where = std::string(rope::name(S)) + " mode=" + std::to_string(mode) +
+                            " tokens=" + std::to_string(tokens) + " heads=" + std::to_string(heads) + "/" +
+                            std::to_string(k_heads) + " head_dim=" + std::to_string(head_dim) +
+                            " strides=" + std::to_string(ts) + "," + std::to_string(hs) + " r=" + std::to_string(r) +
+                            " threads=" + std::to_string(options.threads);
   bool threw = false;
   try {
     switch (mode) {

@@ -17,8 +17,8 @@ namespace rope_fuzz {
   std::fprintf(stderr, "rope_fuzz: check failed: %s (%s)\n", what, detail.c_str());
   std::abort();
 }
-#define ROPE_FUZZ_CHECK(cond, detail) \
-  do {                                \
+#define ROPE_FUZZ_CHECK(cond, detail)              \
+  do {                                             \
     if (!(cond)) ::rope_fuzz::fail(#cond, detail); \
   } while (0)
 

@@ -38,7 +38,6 @@ bool has_nan(const Row& row) {
   return row.array().isNaN().any();
 }
 
-
 // A NaN value or an infinite key at token `bad`: every earlier output of a
 // causal call is finite and equal to the call without them, whatever the
 // block; the outputs that see a NaN value are NaN (an infinite key may
@@ -89,7 +88,6 @@ TEST(AttentionNonFinite, FutureNonFiniteRowsNeverReachEarlierSoftmaxOutputs) {
   }
 }
 
-
 TEST(AttentionNonFinite, FutureNonFiniteRowsNeverReachEarlierLinearOutputs) {
   const std::size_t l = 21, d = 8, m = 16, dv = 3, bad = 11;
   const rope::Table<double> feature_table(rope::frequencies(m, 10000.0), 32);
@@ -124,7 +122,6 @@ TEST(AttentionNonFinite, FutureNonFiniteRowsNeverReachEarlierLinearOutputs) {
     }
   }
 }
-
 
 // A NaN in q_i or in a key it sees gives a NaN row, not zeros; a query that
 // sees no key is the only zero row.

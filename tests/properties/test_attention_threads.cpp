@@ -17,11 +17,11 @@
 
 #include <rope/attention.hpp>
 
+#include <iterator>
 #include "attention_heads.hpp"
 #include "attention_oracle.hpp"
 #include "executors.hpp"
 #include "support.hpp"
-#include <iterator>
 
 namespace {
 
@@ -49,8 +49,6 @@ double head_error(const Heads<T>& out, std::size_t h, const at::Mat& want) {
   return at::relative_error(out.head(h), want);
 }
 
-
-
 // A grouped-query layer for the linear cases: tensors, FAVOR+ features and
 // the tables of both rotations (d channels pre-phi, m features for eq. 19).
 template <class T>
@@ -68,7 +66,6 @@ struct LinearCase {
     return fo;
   }
 };
-
 
 // Threads split (key/value head, query block) items, each computed the same
 // way: any thread count gives the same bytes, also with fewer heads than
@@ -94,7 +91,6 @@ TEST(AttentionThreads, SoftmaxBitIdenticalForAnyThreadCount) {
   }
 }
 
-
 TEST(AttentionThreads, LinearBitIdenticalForAnyThreadCount) {
   const LinearCase<float> c(81);
   const auto& [table, feature_table, q, k, v, phi] = c;
@@ -112,7 +108,6 @@ TEST(AttentionThreads, LinearBitIdenticalForAnyThreadCount) {
     }
   }
 }
-
 
 // The same bytes from rope's threads, a pool's executor and one that runs
 // the shares backwards on the caller, for each worker count.
@@ -189,9 +184,8 @@ TEST(AttentionThreads, SoftmaxStepExecutorGivesTheSameBytes) {
         const auto out_view = View<float>::token_major(out.data(), l, hq, dv);
         for (const std::size_t n : {std::size_t{20}, std::size_t{1}, std::size_t{1}, std::size_t{8}}) {
           const std::size_t t = cache.length;
-          ra::softmax_step<float>(q.view().slice_tokens(t, n), k.view().slice_tokens(t, n),
-                                  v.view().slice_tokens(t, n), cache, out_view.slice_tokens(t, n),
-                                  {&table, Style::rotate_half}, o);
+          ra::softmax_step<float>(q.view().slice_tokens(t, n), k.view().slice_tokens(t, n), v.view().slice_tokens(t, n),
+                                  cache, out_view.slice_tokens(t, n), {&table, Style::rotate_half}, o);
         }
       },
       "softmax_step");
@@ -223,8 +217,7 @@ TEST(AttentionThreads, LinearExecutorGivesTheSameBytes) {
             const std::size_t n = t == 0 ? 15 : 1;
             o.q_offset = o.k_offset = static_cast<std::int64_t>(t);
             ra::linear_eq19<float>(q.view().slice_tokens(t, n), k.view().slice_tokens(t, n),
-                                   v.view().slice_tokens(t, n), out_view.slice_tokens(t, n), phi, rotation, o,
-                                   &states);
+                                   v.view().slice_tokens(t, n), out_view.slice_tokens(t, n), phi, rotation, o, &states);
             t += n;
           }
         },
@@ -249,9 +242,8 @@ TEST(AttentionThreads, ExecutorWithoutWorkersIsRefusedAndWritesNothing) {
   Heads<float> k_cache = Heads<float>::filled(l, hk, d, 0.0f), v_cache = Heads<float>::filled(l, hk, dv, 0.0f);
   const auto cache_before = k_cache.data;
   ra::KvCache<float> cache{k_cache.view(), v_cache.view(), 0};
-  EXPECT_EQ(rope_test::thrown_message([&] {
-              ra::softmax_step<float>(q.view(), k.view(), v.view(), cache, out.view(), {}, so);
-            }),
+  EXPECT_EQ(rope_test::thrown_message(
+                [&] { ra::softmax_step<float>(q.view(), k.view(), v.view(), cache, out.view(), {}, so); }),
             "rope::attention::softmax_step: " + tail);
   EXPECT_EQ(cache.length, 0u);
   EXPECT_TRUE(at::same_bytes(cache_before, k_cache.data));
@@ -387,9 +379,8 @@ TEST(AttentionThreads, SoftmaxStepsGiveTheSameBytes) {
         o.threads = threads;
         std::size_t t = 0;
         for (const std::size_t n : {16u, 1u, 1u, 3u, 1u, 1u, 1u}) {
-          ra::softmax_step<float>(q.view().slice_tokens(t, n), k.view().slice_tokens(t, n),
-                                  v.view().slice_tokens(t, n), cache, out.view().slice_tokens(t, n),
-                                  {&table, Style::rotate_half}, o);
+          ra::softmax_step<float>(q.view().slice_tokens(t, n), k.view().slice_tokens(t, n), v.view().slice_tokens(t, n),
+                                  cache, out.view().slice_tokens(t, n), {&table, Style::rotate_half}, o);
           t += n;
         }
         std::vector<float> all = out.data;

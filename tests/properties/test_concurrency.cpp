@@ -9,16 +9,16 @@
 
 #include <atomic>
 #include <chrono>
-#include <stdexcept>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <rope/angles.hpp>
-#include <rope/detail/parallel.hpp>
 #include <rope/apply.hpp>
+#include <rope/detail/parallel.hpp>
 #include <rope/frequencies.hpp>
 #include <rope/kernels.hpp>
 #include <rope/table.hpp>
@@ -118,7 +118,6 @@ TEST(Concurrency, ThreadsBuildingTablesAndAnglesFromSharedFrequencies) {
   for (auto& t : threads) t.join();
   for (std::size_t i = 0; i < kThreads; ++i) EXPECT_EQ(ok[i], 1) << "thread " << i;
 }
-
 
 // rope::apply_qk from many threads at once on one shared table, each call
 // also splitting its tokens over options.threads workers, and rope::apply
@@ -257,7 +256,7 @@ TEST(Concurrency, ExecutorWithoutWorkersIsRefused) {
 // items before it ran, none after it).
 TEST(Concurrency, ParallelForRethrowsAWorkersExceptionAfterAllJoined) {
   constexpr std::size_t kCount = 40, kThreads = 4;  // shares of 10 items
-  constexpr std::size_t kThrowing = 23;              // worker 2's fourth item
+  constexpr std::size_t kThrowing = 23;             // worker 2's fourth item
   std::vector<std::atomic<int>> runs(kCount);
   for (auto& r : runs) r = 0;
   std::vector<std::size_t> worker_of(kCount, kThreads);

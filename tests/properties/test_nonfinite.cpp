@@ -126,16 +126,15 @@ TYPED_TEST(NonFinite, PropagateExactlyWhereTheReferencePutsThemAndNowhereElse) {
             const double got = static_cast<double>(y_dirty[row0 + i]);
             ASSERT_EQ(name(kind_of(got)), name(kind_of(expected[i]))) << where.str() << " channel " << i;
             if (kind_of(expected[i]) == Kind::finite) {
-              ASSERT_NEAR(got, expected[i], 2.0 * std::numeric_limits<T>::epsilon() * magnitude[i] +
-                                                std::numeric_limits<T>::denorm_min())
+              ASSERT_NEAR(got, expected[i],
+                          2.0 * std::numeric_limits<T>::epsilon() * magnitude[i] + std::numeric_limits<T>::denorm_min())
                   << where.str() << " channel " << i;
             } else {
               ++checked_nonfinite;
             }
           }
           // Pass-through channels keep the exact bits, NaN payloads included.
-          ASSERT_EQ(std::memcmp(&y_dirty[row0 + r], &dirty[row0 + r], (head_dim - r) * sizeof(T)), 0)
-              << where.str();
+          ASSERT_EQ(std::memcmp(&y_dirty[row0 + r], &dirty[row0 + r], (head_dim - r) * sizeof(T)), 0) << where.str();
         }
       }
     });

@@ -95,18 +95,16 @@ struct Case {
   std::vector<std::uint64_t> positions;  // one per token
   std::uint32_t data_seed = 0;
 
-  std::size_t span() const {
-    return (tokens - 1) * token_stride + (heads - 1) * head_stride + head_dim;
-  }
+  std::size_t span() const { return (tokens - 1) * token_stride + (heads - 1) * head_stride + head_dim; }
   std::string describe() const {
     std::ostringstream s;
     s << "case " << index << " (replay: ROPE_RANDOM_SEED=" << seed << " ROPE_RANDOM_CASE=" << index
       << "): " << (is_double ? "double" : "float") << " " << rope::name(style) << " " << rope::name(dir)
-      << " rotary_dim=" << rotary_dim << " head_dim=" << head_dim << " tokens=" << tokens
-      << " heads=" << heads << " head_stride=" << head_stride << " token_stride=" << token_stride
-      << (head_major ? " head-major" : " token-major") << " misalign=" << misalign_in << "/"
-      << misalign_out << (in_place ? " in place" : " out of place") << " base=" << base
-      << " table_positions=" << table_positions << " positions=" << name(pattern) << "[";
+      << " rotary_dim=" << rotary_dim << " head_dim=" << head_dim << " tokens=" << tokens << " heads=" << heads
+      << " head_stride=" << head_stride << " token_stride=" << token_stride
+      << (head_major ? " head-major" : " token-major") << " misalign=" << misalign_in << "/" << misalign_out
+      << (in_place ? " in place" : " out of place") << " base=" << base << " table_positions=" << table_positions
+      << " positions=" << name(pattern) << "[";
     for (std::size_t t = 0; t < positions.size(); ++t) s << (t ? "," : "") << positions[t];
     s << "]";
     return s.str();
@@ -255,14 +253,14 @@ template <class T, Style S>
   for (std::size_t t = 0; t < c.tokens; ++t) {
     for (std::size_t h = 0; h < c.heads; ++h) {
       const std::size_t o = t * c.token_stride + h * c.head_stride;
-      rope_test::reference_in_double<S>(x.data() + o, rows[t].data(), rows[t].data() + pairs,
-                                        c.rotary_dim, c.dir, expected, magnitude);
+      rope_test::reference_in_double<S>(x.data() + o, rows[t].data(), rows[t].data() + pairs, c.rotary_dim, c.dir,
+                                        expected, magnitude);
       for (std::size_t i = 0; i < c.rotary_dim; ++i) {
         rotated[o + i] = true;
         if (!(std::fabs(double(y[o + i]) - expected[i]) <= tolerance<T>(magnitude[i]))) {
           return ::testing::AssertionFailure()
-                 << "token " << t << " head " << h << " channel " << i << ": got " << double(y[o + i])
-                 << ", reference " << expected[i] << ", tolerance " << tolerance<T>(magnitude[i]);
+                 << "token " << t << " head " << h << " channel " << i << ": got " << double(y[o + i]) << ", reference "
+                 << expected[i] << ", tolerance " << tolerance<T>(magnitude[i]);
         }
       }
       for (std::size_t i = c.rotary_dim; i < c.head_dim; ++i) covered[o + i] = true;
@@ -273,8 +271,8 @@ template <class T, Style S>
     if (rotated[i]) continue;
     const T before = c.in_place ? x[i] : sentinel[i];
     if (std::memcmp(&y[i], &before, sizeof(T)) != 0) {
-      return ::testing::AssertionFailure() << (covered[i] ? "pass-through channel" : "padding")
-                                           << " at offset " << i << " was written";
+      return ::testing::AssertionFailure()
+             << (covered[i] ? "pass-through channel" : "padding") << " at offset " << i << " was written";
     }
   }
   if (!c.in_place && std::memcmp(in.data(), x.data(), span * sizeof(T)) != 0) {
@@ -316,8 +314,8 @@ TEST(Random, KernelsOnTableAndAngleRowsMatchTheReferenceInDouble) {
       if (++failed >= 10) break;  // enough to replay; don't flood the log
     }
   }
-  std::printf("[ rope     ] %zu cases run (%zu in place, %zu at huge positions), %zu failed\n", run,
-              in_place, huge, failed);
+  std::printf("[ rope     ] %zu cases run (%zu in place, %zu at huge positions), %zu failed\n", run, in_place, huge,
+              failed);
   if (!only) {
     // Every residue of pairs mod 16 (so every tail of 4-, 8- and 16-lane
     // batches) and both placements were drawn.
@@ -380,14 +378,13 @@ template <class T, Style S>
     const std::size_t row_pairs = rows[t].size() / 2;
     for (std::size_t h = 0; h < heads; ++h) {
       const std::size_t o = t * token_stride + h * head_stride;
-      rope_test::reference_in_double<S>(x.data() + o, rows[t].data(), rows[t].data() + row_pairs,
-                                        c.rotary_dim, c.dir, expected, magnitude);
+      rope_test::reference_in_double<S>(x.data() + o, rows[t].data(), rows[t].data() + row_pairs, c.rotary_dim, c.dir,
+                                        expected, magnitude);
       for (std::size_t i = 0; i < c.rotary_dim; ++i) {
         role[o + i] = 1;
         if (!(std::fabs(double(y[o + i]) - expected[i]) <= tolerance<T>(magnitude[i]))) {
-          return ::testing::AssertionFailure()
-                 << label << " token " << t << " head " << h << " channel " << i << ": got " << double(y[o + i])
-                 << ", reference " << expected[i];
+          return ::testing::AssertionFailure() << label << " token " << t << " head " << h << " channel " << i
+                                               << ": got " << double(y[o + i]) << ", reference " << expected[i];
         }
       }
       for (std::size_t i = c.rotary_dim; i < c.head_dim; ++i) role[o + i] = 2;
@@ -399,8 +396,8 @@ template <class T, Style S>
     // Pass-through: x's bits (copied out of place). Padding: as before.
     const T want = role[i] == 2 ? x[i] : (in_place ? x[i] : before_out[i]);
     if (std::memcmp(&y[i], &want, sizeof(T)) != 0) {
-      return ::testing::AssertionFailure() << label << (role[i] == 2 ? " pass-through channel" : " padding")
-                                           << " at offset " << i << " is wrong";
+      return ::testing::AssertionFailure()
+             << label << (role[i] == 2 ? " pass-through channel" : " padding") << " at offset " << i << " is wrong";
     }
   }
   return ::testing::AssertionSuccess();
@@ -556,8 +553,8 @@ TEST(Random, CasesAreAFunctionOfSeedAndIndex) {
     (void)make_case(kDefaultSeed + 1 + k, i + 7);  // other draws in between
     const std::string again = make_case(kDefaultSeed, i).describe();
     EXPECT_EQ(again, in_order[i]) << "case " << i;
-    const std::string replay = "ROPE_RANDOM_SEED=" + std::to_string(kDefaultSeed) +
-                               " ROPE_RANDOM_CASE=" + std::to_string(i) + ")";
+    const std::string replay =
+        "ROPE_RANDOM_SEED=" + std::to_string(kDefaultSeed) + " ROPE_RANDOM_CASE=" + std::to_string(i) + ")";
     EXPECT_NE(again.find(replay), std::string::npos) << again;
     // Without the "case i (replay ...)" prefix, cases must still differ.
     distinct[again.substr(again.find("): "))] = i;

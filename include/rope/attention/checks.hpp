@@ -73,7 +73,8 @@ void check_rotation_positions(const char* fn, const Table<T>* table, const MaskO
                               std::size_t lk, bool keys) {
   if (table == nullptr) return;
   rope::detail::check_positions(fn, o.q(), lq, table->positions(), {"options.q_positions", "options.q_offset"});
-  if (keys) rope::detail::check_positions(fn, o.k(), lk, table->positions(), {"options.k_positions", "options.k_offset"});
+  if (keys)
+    rope::detail::check_positions(fn, o.k(), lk, table->positions(), {"options.k_positions", "options.k_offset"});
 }
 
 // Multi-head tensors: every view valid alone, shapes consistent, grouped

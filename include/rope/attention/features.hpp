@@ -82,7 +82,7 @@ struct LogFeatures {
 // consumer offsets by the running prefix max of log_scale, never a later key.
 template <class T>
 struct ScaledFeatures {
-  Matrix<T> features;  // L x m
+  Matrix<T> features;   // L x m
   Vector<T> log_scale;  // L
 };
 
@@ -122,7 +122,8 @@ class FavorFeatures {
     const char* fn = "rope::attention::FavorFeatures";
     if (head_dim == 0) detail::fail(fn, "head_dim", "at least 1", head_dim);
     if (options.features == 0) detail::fail(fn, "options.features", "at least 1", options.features);
-    if (!(options.eps >= 0.0) || !std::isfinite(options.eps)) detail::fail(fn, "options.eps", "finite and >= 0", options.eps);
+    if (!(options.eps >= 0.0) || !std::isfinite(options.eps))
+      detail::fail(fn, "options.eps", "finite and >= 0", options.eps);
     draw();
   }
 
@@ -208,7 +209,8 @@ class FavorFeatures {
   template <class T>
   void check_input(const char* fn, const ConstRef<T>& x) const {
     detail::check_scalar<T>();
-    if (static_cast<std::size_t>(x.cols()) != d_) detail::fail(fn, "x.cols()", "head_dim = " + detail::to_text(d_), x.cols());
+    if (static_cast<std::size_t>(x.cols()) != d_)
+      detail::fail(fn, "x.cols()", "head_dim = " + detail::to_text(d_), x.cols());
   }
 
   template <class T>

@@ -44,7 +44,6 @@ namespace rope::attention {
 
 // LinearOptions: options.hpp. LinearState: linear_state.hpp.
 
-
 // Linear attention over given features: phi_q (Lq x m), phi_k (Lk x m), v (Lk x dv).
 template <class DQ, class DK, class DV>
 Matrix<typename DQ::Scalar> linear(const Eigen::MatrixBase<DQ>& phi_q, const Eigen::MatrixBase<DK>& phi_k,
@@ -101,8 +100,7 @@ Matrix<typename DQ::Scalar> linear_eq19(const Eigen::MatrixBase<DQ>& q, const Ei
   detail::check_same_scalar<DQ, DK>();
   detail::check_same_scalar<DQ, DV>();
   const ConstRef<T> qr(q.derived()), kr(k.derived()), vr(v.derived());
-  return detail::linear_matrices<T>("rope::attention::linear_eq19", qr, kr, vr, &phi, {}, &feature_rotation,
-                                    options);
+  return detail::linear_matrices<T>("rope::attention::linear_eq19", qr, kr, vr, &phi, {}, &feature_rotation, options);
 }
 
 // Every head of [tokens, heads, head_dim] views: q [Lq, Hq, d], k [Lk, Hk, d],

@@ -98,9 +98,9 @@ struct LinearPlan {
 // Token order within a head: by (sequence, position), stable; the runs of
 // one sequence are segments.
 struct TokenOrder {
-  std::vector<std::size_t> q, k;                     // sorted token indices
-  std::vector<std::int64_t> q_pos, k_pos;            // their positions, in that order
-  std::vector<std::size_t> q_segment, k_segment;     // segment starts, + end
+  std::vector<std::size_t> q, k;                  // sorted token indices
+  std::vector<std::int64_t> q_pos, k_pos;         // their positions, in that order
+  std::vector<std::size_t> q_segment, k_segment;  // segment starts, + end
 };
 
 inline TokenOrder order_tokens(const Visibility& vis, std::size_t lq, std::size_t lk) {
@@ -114,8 +114,10 @@ inline TokenOrder order_tokens(const Visibility& vis, std::size_t lq, std::size_
       return seq(a) != seq(b) ? seq(a) < seq(b) : pos(a) < pos(b);
     });
   };
-  sort_by(order.q, [&](std::size_t i) { return vis.q_seq(i); }, [&](std::size_t i) { return vis.q_position(i); });
-  sort_by(order.k, [&](std::size_t j) { return vis.k_seq(j); }, [&](std::size_t j) { return vis.k_position(j); });
+  sort_by(
+      order.q, [&](std::size_t i) { return vis.q_seq(i); }, [&](std::size_t i) { return vis.q_position(i); });
+  sort_by(
+      order.k, [&](std::size_t j) { return vis.k_seq(j); }, [&](std::size_t j) { return vis.k_position(j); });
   for (std::size_t i : order.q) order.q_pos.push_back(vis.q_position(i));
   for (std::size_t j : order.k) order.k_pos.push_back(vis.k_position(j));
   // Segments: the distinct sequence ids, each with its query and key run.
@@ -140,7 +142,7 @@ struct LinearWorkspace {
   Matrix<T> x, q_num, q_den, k_num, k_den, values, scores, den_scores, num;
   Vector<T> log_scale, den, weights;
   std::vector<std::int64_t> pos;
-  std::vector<T> offsets;  // per query token of a chunk: its running log offset
+  std::vector<T> offsets;            // per query token of a chunk: its running log offset
   std::vector<std::size_t> visible;  // per query token: visible keys of the key sub-chunk
 };
 
@@ -151,7 +153,14 @@ class LinearHead {
  public:
   LinearHead(const View<const T>& q, const View<const T>& k, const View<const T>& v, const View<T>& out,
              const LinearOptions& o, const LinearPlan<T>& plan, const TokenOrder& order, LinearWorkspace<T>& ws)
-      : q_(q), k_(k), v_(v), out_(out), o_(o), plan_(plan), order_(order), ws_(ws),
+      : q_(q),
+        k_(k),
+        v_(v),
+        out_(out),
+        o_(o),
+        plan_(plan),
+        order_(order),
+        ws_(ws),
         chunk_(std::min(o.chunk, std::max<std::size_t>({q.tokens, k.tokens, 1}))) {}
 
   // Causal: query tokens of every segment against the prefix of its keys,
@@ -161,8 +170,7 @@ class LinearHead {
     const std::size_t segments = order_.q_segment.size() - 1;
     for (std::size_t s = 0; s < segments; ++s) {
       if (s > 0) state.reset();  // no attention across sequences (no caller state with sequence ids)
-      causal_segment(state, order_.q_segment[s], order_.q_segment[s + 1], order_.k_segment[s],
-                     order_.k_segment[s + 1]);
+      causal_segment(state, order_.q_segment[s], order_.q_segment[s + 1], order_.k_segment[s], order_.k_segment[s + 1]);
     }
   }
 
@@ -212,7 +220,8 @@ class LinearHead {
     ws_.values.resize(static_cast<Eigen::Index>(n), dv);
     for (std::size_t j = 0; j < n; ++j) {
       const std::size_t token = order_.k[a + j];
-      std::memcpy(ws_.x.row(static_cast<Eigen::Index>(j)).data(), k_.row(token, g_), static_cast<std::size_t>(d) * sizeof(T));
+      std::memcpy(ws_.x.row(static_cast<Eigen::Index>(j)).data(), k_.row(token, g_),
+                  static_cast<std::size_t>(d) * sizeof(T));
       std::memcpy(ws_.values.row(static_cast<Eigen::Index>(j)).data(), v_.row(token, g_),
                   static_cast<std::size_t>(dv) * sizeof(T));
     }
@@ -337,8 +346,7 @@ class LinearHead {
       const bool sees = seen != nullptr ? (*seen)[t] != 0 : all_see;
       for (std::size_t h = 0; h < group; ++h) {
         const auto r = static_cast<Eigen::Index>(t * group + h);
-        write_output_row(out_.row(order_.q[a + t], g_ * group + h), dv, ws_.num.row(r), guard(ws_.den[r], delta),
-                         sees);
+        write_output_row(out_.row(order_.q[a + t], g_ * group + h), dv, ws_.num.row(r), guard(ws_.den[r], delta), sees);
       }
     }
   }
@@ -369,8 +377,8 @@ inline Visibility linear_visibility(const LinearOptions& o) { return visibility_
 // The rotations: pre-phi over d, eq. 19 over exactly m features.
 template <class T>
 FeatureMap<T> check_feature_map(const char* fn, const FavorFeatures* phi, std::size_t input_dim,
-                                const Rotation<T>& pre_phi, const Rotation<T>* feature_rotation,
-                                const LinearOptions& o, std::size_t lq, std::size_t lk) {
+                                const Rotation<T>& pre_phi, const Rotation<T>* feature_rotation, const LinearOptions& o,
+                                std::size_t lq, std::size_t lk) {
   FeatureMap<T> map;
   map.phi = phi;
   if (phi != nullptr && input_dim != phi->head_dim()) {
@@ -386,9 +394,8 @@ FeatureMap<T> check_feature_map(const char* fn, const FavorFeatures* phi, std::s
     if (feature_rotation->table == nullptr) fail(fn, "feature_rotation.table", "non-null", nullptr);
     const std::size_t r = rotary_width(fn, "feature_rotation", *feature_rotation, m);
     if (r != m) {
-      fail(fn, "feature_rotation.rotary_dim", "the feature dimension m = " + to_text(m) +
-                                                  " (build its table with rope::frequencies(m, base))",
-           r);
+      fail(fn, "feature_rotation.rotary_dim",
+           "the feature dimension m = " + to_text(m) + " (build its table with rope::frequencies(m, base))", r);
     }
     check_rotation_positions(fn, feature_rotation->table, o, lq, lk, true);
     map.feature_rotation = *feature_rotation;
@@ -482,8 +489,8 @@ void linear_full(const View<const T>& q, const View<const T>& k, const View<cons
     std::vector<LinearWorkspace<T>> workspaces(workers);
     parallel_for(sums.size(), workers, o.executor, [&](std::size_t item, std::size_t w) {
       const std::size_t g = item / segments, s = item % segments;
-      LinearHead<T>(q, k, v, out, o, plan, order, workspaces[w]).sum_keys(g, order.k_segment[s], order.k_segment[s + 1],
-                                                                          sums[item]);
+      LinearHead<T>(q, k, v, out, o, plan, order, workspaces[w])
+          .sum_keys(g, order.k_segment[s], order.k_segment[s + 1], sums[item]);
     });
   }
   struct Block {

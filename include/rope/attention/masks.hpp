@@ -91,7 +91,10 @@ struct Visibility {
       const std::size_t mid = a + (b - a) / 2;
       const std::int64_t sm = k_seq(mid);
       const bool before = sm < s || (sm == s && !in_window(pq, k_position(mid)) && k_position(mid) <= pq);
-      if (before) a = mid + 1; else b = mid;
+      if (before)
+        a = mid + 1;
+      else
+        b = mid;
     }
     lo = a;
     b = lk;
@@ -99,7 +102,10 @@ struct Visibility {
       const std::size_t mid = a + (b - a) / 2;
       const std::int64_t sm = k_seq(mid);
       const bool inside = sm < s || (sm == s && (!causal || k_position(mid) <= pq));
-      if (inside) a = mid + 1; else b = mid;
+      if (inside)
+        a = mid + 1;
+      else
+        b = mid;
     }
     hi = a;
   }

@@ -31,8 +31,8 @@ void rotate_at(const Rotation<T>& rotation, std::size_t rotary_dim, std::size_t 
   }
   if (rotation.table == nullptr || rotary_dim == 0) return;
   with_style(rotation.style, [&](auto s) {
-    rotate_heads<decltype(s)::value, T>(out, stride, out, stride, heads, rotation.table->cos(m),
-                                        rotation.table->sin(m), rotary_dim);
+    rotate_heads<decltype(s)::value, T>(out, stride, out, stride, heads, rotation.table->cos(m), rotation.table->sin(m),
+                                        rotary_dim);
   });
 }
 

@@ -52,7 +52,6 @@ namespace rope::attention {
 
 // SoftmaxOptions: options.hpp.
 
-
 // One batch x head: q (Lq x d), k (Lk x d), v (Lk x dv) -> Lq x dv.
 template <class DQ, class DK, class DV>
 Matrix<typename DQ::Scalar> softmax(const Eigen::MatrixBase<DQ>& q, const Eigen::MatrixBase<DK>& k,
@@ -64,11 +63,13 @@ Matrix<typename DQ::Scalar> softmax(const Eigen::MatrixBase<DQ>& q, const Eigen:
   detail::check_same_scalar<DQ, DV>();
   const char* fn = "rope::attention::softmax";
   const ConstRef<T> qr(q.derived()), kr(k.derived()), vr(v.derived());
-  if (kr.cols() != qr.cols()) detail::fail(fn, "k.cols() (the head dimension)", "q.cols() = " + detail::to_text(qr.cols()), kr.cols());
+  if (kr.cols() != qr.cols())
+    detail::fail(fn, "k.cols() (the head dimension)", "q.cols() = " + detail::to_text(qr.cols()), kr.cols());
   if (qr.cols() == 0) detail::fail(fn, "q.cols() (the head dimension)", "at least 1", qr.cols());
   if (vr.rows() != kr.rows()) detail::fail(fn, "v.rows()", "k.rows() = " + detail::to_text(kr.rows()), vr.rows());
-  const auto plan = detail::check_softmax<T>(fn, static_cast<std::size_t>(qr.rows()), static_cast<std::size_t>(kr.rows()),
-                                             static_cast<std::size_t>(qr.cols()), 1, rotation, options);
+  const auto plan =
+      detail::check_softmax<T>(fn, static_cast<std::size_t>(qr.rows()), static_cast<std::size_t>(kr.rows()),
+                               static_cast<std::size_t>(qr.cols()), 1, rotation, options);
   Matrix<T> out(qr.rows(), vr.cols());
   if (out.size() == 0) return out;
   const View<T> out_view = detail::matrix_view<T>(out.data(), out.rows(), out.cols(), out.cols());
@@ -124,8 +125,10 @@ void check_step_views(const char* fn, const View<const T>& q, const View<const T
   check_view(fn, "k_new", k_new);
   check_view(fn, "v_new", v_new);
   const std::size_t n = k_new.tokens;
-  if (cache.length > cache.k.tokens) fail(fn, "cache.length", "<= cache.k.tokens = " + to_text(cache.k.tokens), cache.length);
-  if (cache.v.tokens != cache.k.tokens) fail(fn, "cache.v.tokens", "cache.k.tokens = " + to_text(cache.k.tokens), cache.v.tokens);
+  if (cache.length > cache.k.tokens)
+    fail(fn, "cache.length", "<= cache.k.tokens = " + to_text(cache.k.tokens), cache.length);
+  if (cache.v.tokens != cache.k.tokens)
+    fail(fn, "cache.v.tokens", "cache.k.tokens = " + to_text(cache.k.tokens), cache.v.tokens);
   if (n > cache.k.tokens - cache.length) {
     fail(fn, "k_new.tokens", "<= the cache's free tokens " + to_text(cache.k.tokens - cache.length), n);
   }
@@ -247,8 +250,7 @@ void softmax_step(rope::detail::type_identity_t<View<const T>> q, rope::detail::
       detail::plan_step(fn, k_new.tokens, cache.length, q.head_dim, q.heads, rotation, options);
   // The only writes before the attention itself, after every check.
   detail::append_step(k_new, v_new, cache, rotation, step);
-  detail::softmax_heads<T>(q, cache.k.slice_tokens(0, total), cache.v.slice_tokens(0, total), out, rotation,
-                           step.plan);
+  detail::softmax_heads<T>(q, cache.k.slice_tokens(0, total), cache.v.slice_tokens(0, total), out, rotation, step.plan);
   cache.length = total;
 }
 

@@ -36,7 +36,6 @@
 
 namespace rope::attention {
 
-
 namespace detail {
 
 using rope::detail::parallel_for;
@@ -54,8 +53,8 @@ struct SoftmaxPlan {
   std::size_t block = 256;
   std::size_t threads = 1;  // shares: options.threads, or the executor's workers
   Executor executor;
-  T softcap = 0;          // 0: none
-  std::vector<T> sinks;   // one per query head, -inf: none; empty: none at all
+  T softcap = 0;         // 0: none
+  std::vector<T> sinks;  // one per query head, -inf: none; empty: none at all
 };
 
 // The softcap and the sinks of SoftmaxOptions, for `heads` query heads:
@@ -133,9 +132,9 @@ struct SoftmaxWorkspace {
   std::vector<HeadRows<T>> heads;  // one per key/value head of the item
   Matrix<T> scores;                // rows x block (all heads' rows, row by row)
   std::vector<ConstRowsMap<T>> key_maps;
-  Matrix<T> keys;                  // Lk x d: the rotated keys of one key/value head
+  Matrix<T> keys;  // Lk x d: the rotated keys of one key/value head
   std::size_t keys_of_head = static_cast<std::size_t>(-1);
-  Matrix<T> values;                // Lk x dv: the values of one key/value head, contiguous
+  Matrix<T> values;  // Lk x dv: the values of one key/value head, contiguous
   std::size_t values_of_head = static_cast<std::size_t>(-1);
   std::vector<std::size_t> lo, hi;  // each token's visible key range (sorted keys)
   std::vector<unsigned char> seen;  // per token: some key was visible
@@ -171,7 +170,8 @@ class SoftmaxTile {
     ws_.seen.assign(tokens_, 0);
     const std::size_t lk = k_.tokens;
     thin_ = static_cast<std::size_t>(rows) <= kThinRows;
-    const std::size_t bk = std::min(thin_ ? std::min(plan_.block, kThinBlock) : plan_.block, std::max<std::size_t>(lk, 1));
+    const std::size_t bk =
+        std::min(thin_ ? std::min(plan_.block, kThinBlock) : plan_.block, std::max<std::size_t>(lk, 1));
     if (!plan_.visibility.masks()) {
       sweep(0, lk, bk, false);
       std::fill(ws_.seen.begin(), ws_.seen.end(), lk > 0 ? 1 : 0);
@@ -216,8 +216,8 @@ class SoftmaxTile {
       max_hi = std::max(max_hi, ws_.hi[t]);
     }
     if (min_lo < max_hi) {
-      const bool uniform = max_lo < min_hi && std::count(ws_.seen.begin(), ws_.seen.end(), 1) ==
-                                                  static_cast<std::ptrdiff_t>(tokens_);
+      const bool uniform =
+          max_lo < min_hi && std::count(ws_.seen.begin(), ws_.seen.end(), 1) == static_cast<std::ptrdiff_t>(tokens_);
       if (uniform) {
         // The full range cut at multiples of kGranule keys: GEMMs of odd
         // widths are slow, and a few masked keys more cost less.
@@ -415,8 +415,8 @@ class SoftmaxTile {
       // A vectorised exp need not return exactly 0 for -inf (Eigen's double
       // exp clamps to ~5e-309): masked weights are set to 0 here.
       if (partial) mask_row(row, static_cast<std::size_t>(r) / group_, j0, n);
-      const T correction = (old_max == neg_inf || new_max == neg_inf) ? T(old_max == neg_inf ? 0 : 1)
-                                                                      : std::exp(old_max - new_max);
+      const T correction =
+          (old_max == neg_inf || new_max == neg_inf) ? T(old_max == neg_inf ? 0 : 1) : std::exp(old_max - new_max);
       if (new_max != neg_inf) head.row_max[r] = new_max;
       head.row_sum[r] = head.row_sum[r] * correction + row.sum();
       if (correction != T(1)) head.acc.row(r) *= correction;
@@ -447,7 +447,8 @@ class SoftmaxTile {
       // The token's visible range within [j0, j0 + n): zero what is outside.
       const std::size_t lo = std::clamp(ws_.lo[t], j0, j0 + n) - j0, hi = std::clamp(ws_.hi[t], j0, j0 + n) - j0;
       row.head(static_cast<Eigen::Index>(lo)).setZero();
-      row.segment(static_cast<Eigen::Index>(std::max(lo, hi)), static_cast<Eigen::Index>(n - std::max(lo, hi))).setZero();
+      row.segment(static_cast<Eigen::Index>(std::max(lo, hi)), static_cast<Eigen::Index>(n - std::max(lo, hi)))
+          .setZero();
       return;
     }
     for (std::size_t j = 0; j < n; ++j) {
@@ -461,7 +462,8 @@ class SoftmaxTile {
       for (std::size_t j = 0; j < n; ++j) {
         if (!visible(t, j0 + j)) {
           s.block(static_cast<Eigen::Index>(t * group_), static_cast<Eigen::Index>(j),
-                  static_cast<Eigen::Index>(group_), 1).setConstant(value);
+                  static_cast<Eigen::Index>(group_), 1)
+              .setConstant(value);
         }
       }
     }
@@ -524,7 +526,8 @@ void softmax_heads(const View<const T>& q, const View<const T>& k, const View<co
     const std::size_t range = item / blocks, b = item % blocks;
     const std::size_t g0 = k.heads * range / ranges, g1 = k.heads * (range + 1) / ranges;
     const std::size_t t0 = b * tokens_per_block;
-    SoftmaxTile<T>(q, k, v, out, rotation, plan, workspaces[w]).run(g0, g1, t0, std::min(q.tokens, t0 + tokens_per_block));
+    SoftmaxTile<T>(q, k, v, out, rotation, plan, workspaces[w])
+        .run(g0, g1, t0, std::min(q.tokens, t0 + tokens_per_block));
   });
 }
 

@@ -105,7 +105,7 @@ xsimd::batch<float, Arch> as_float(const xsimd::batch<std::uint32_t, Arch>& v) n
 #if XSIMD_VERSION_MAJOR >= 13
   return xsimd::bitwise_cast<float>(v);
 #else
-  return xsimd::bitwise_cast<xsimd::batch<float, Arch>>(v);
+  return xsimd::bitwise_cast<xsimd::batch<float, Arch> >(v);
 #endif
 }
 template <class Arch>
@@ -113,7 +113,7 @@ xsimd::batch<std::uint32_t, Arch> as_bits(const xsimd::batch<float, Arch>& v) no
 #if XSIMD_VERSION_MAJOR >= 13
   return xsimd::bitwise_cast<std::uint32_t>(v);
 #else
-  return xsimd::bitwise_cast<xsimd::batch<std::uint32_t, Arch>>(v);
+  return xsimd::bitwise_cast<xsimd::batch<std::uint32_t, Arch> >(v);
 #endif
 }
 

@@ -71,7 +71,7 @@ ROPE_SINCOS_INLINE B nearest_integer(const B& v) noexcept {
 // same in every xsimd version and on every instruction set.
 template <class Arch>
 ROPE_SINCOS_INLINE void sincos_batch(const xsimd::batch<double, Arch>& x, xsimd::batch<double, Arch>& sin_x,
-                  xsimd::batch<double, Arch>& cos_x) noexcept {
+                                     xsimd::batch<double, Arch>& cos_x) noexcept {
   using B = xsimd::batch<double, Arch>;
   // n = nearest integer to x * 2/pi; r = x - n*pi/2 in three steps: the
   // first two subtract exact products, the third a correction of ~2^-49.
@@ -114,7 +114,7 @@ ROPE_SINCOS_INLINE void sincos_batch(const xsimd::batch<double, Arch>& x, xsimd:
 // std::sin lane by lane.
 template <class Arch>
 ROPE_SINCOS_INLINE void scaled_sincos(const xsimd::batch<double, Arch>& angle, double attention_factor, double* c,
-                   double* s) noexcept {
+                                      double* s) noexcept {
   using B = xsimd::batch<double, Arch>;
 #if defined(__FAST_MATH__)
   // -ffast-math lets the compiler fold nearest_integer to its argument and
@@ -152,8 +152,8 @@ void round_to(const double* __restrict from, T* __restrict to) noexcept {
 // Preconditions (unchecked): inv_freq, cos_out and sin_out hold `pairs`
 // values; the outputs do not overlap inv_freq.
 template <class T, class Arch = xsimd::default_arch>
-void sincos_row(const double* inv_freq, std::size_t pairs, double position,
-                double attention_factor, T* cos_out, T* sin_out) noexcept {
+void sincos_row(const double* inv_freq, std::size_t pairs, double position, double attention_factor, T* cos_out,
+                T* sin_out) noexcept {
   using B = xsimd::batch<double, Arch>;
   constexpr std::size_t kLanes = B::size;
   const B m(position);

@@ -17,21 +17,21 @@ namespace rope::hf::detail {
 struct Family {
   Style style = Style::rotate_half;
   bool known = false;
-  bool deepseek = false;      // rope part = qk_rope_head_dim channels after qk_nope_head_dim; softmax mscale^2
-  bool chatglm = false;       // rotates kv_channels / 2 channels, base 10000 * rope_ratio
-  bool gemma3 = false;        // Gemma3TextConfig's defaults; sliding layers use rope_local_base_freq
-  bool gemma4 = false;        // full_attention layers have global_head_dim channels
-  bool gemma_scalar = false;  // softmax divides by query_pre_attn_scalar
-  bool unit_scale = false;    // softmax scale 1 (q, k RMS-normalised)
-  bool llama4 = false;        // NoPE layers every no_rope_layer_interval-th; temperature on them
-  bool cohere2 = false;       // only sliding-window layers rotate
-  bool qwen3_vl = false;      // M-RoPE interleaved whatever mrope_interleaved says
-  bool ernie_vl = false;      // M-RoPE: h/w alternating, then t
-  bool phi3 = false;          // legacy "type": "su" / "yarn" means longrope
-  bool alibi = false;         // no RoPE at all
-  bool linear_nope = false;   // layer_types "linear_attention" layers are not attention: no RoPE
-  bool exaone4 = false;       // with a sliding_window, only sliding-window layers rotate
-  bool qwen3_next = false;    // Qwen3NextConfig's defaults: layer_types from full_attention_interval, partial 0.25
+  bool deepseek = false;       // rope part = qk_rope_head_dim channels after qk_nope_head_dim; softmax mscale^2
+  bool chatglm = false;        // rotates kv_channels / 2 channels, base 10000 * rope_ratio
+  bool gemma3 = false;         // Gemma3TextConfig's defaults; sliding layers use rope_local_base_freq
+  bool gemma4 = false;         // full_attention layers have global_head_dim channels
+  bool gemma_scalar = false;   // softmax divides by query_pre_attn_scalar
+  bool unit_scale = false;     // softmax scale 1 (q, k RMS-normalised)
+  bool llama4 = false;         // NoPE layers every no_rope_layer_interval-th; temperature on them
+  bool cohere2 = false;        // only sliding-window layers rotate
+  bool qwen3_vl = false;       // M-RoPE interleaved whatever mrope_interleaved says
+  bool ernie_vl = false;       // M-RoPE: h/w alternating, then t
+  bool phi3 = false;           // legacy "type": "su" / "yarn" means longrope
+  bool alibi = false;          // no RoPE at all
+  bool linear_nope = false;    // layer_types "linear_attention" layers are not attention: no RoPE
+  bool exaone4 = false;        // with a sliding_window, only sliding-window layers rotate
+  bool qwen3_next = false;     // Qwen3NextConfig's defaults: layer_types from full_attention_interval, partial 0.25
   bool nope_interval = false;  // an absent no_rope_layers is built from no_rope_layer_interval (default 4)
 };
 
@@ -76,48 +76,77 @@ inline constexpr FamilyRow kFamilies[] = {
     // modeling_cohere2 likewise; Cohere2Attention rotates only where sliding_window is set.
     {"cohere2", kBlock, kCohere2},
     // modeling_glm / modeling_glm4 / modeling_glm4v rotate_half_llm over 0::2 / 1::2, cos/sin repeat_interleave.
-    {"glm", kBlock, kPlain}, {"glm4", kBlock, kPlain}, {"glm4v", kBlock, kPlain}, {"glm4v_text", kBlock, kPlain},
+    {"glm", kBlock, kPlain},
+    {"glm4", kBlock, kPlain},
+    {"glm4v", kBlock, kPlain},
+    {"glm4v_text", kBlock, kPlain},
     // Remote code modeling_chatglm apply_rotary_pos_emb: x.reshape(..., r/2, 2) over half of kv_channels.
     {"chatglm", kBlock, kChatglm},
     {"deepseek_v2", kBlock, kDeepseek},  // modeling_deepseek_v2 apply_rotary_emb: view_as_complex
     // modeling_deepseek_v3 apply_rotary_pos_emb_interleave (rope_interleave, the default).
     {"deepseek_v3", kBlock, kDeepseek},
     // modeling_llama4 apply_rotary_emb: view_as_complex with freqs_cis; Llama4TextConfig builds no_rope_layers.
-    {"llama4", kBlock, kLlama4}, {"llama4_text", kBlock, kLlama4},
+    {"llama4", kBlock, kLlama4},
+    {"llama4_text", kBlock, kLlama4},
     // modeling_ernie4_5 / modeling_ernie4_5_moe rotate_half over 0::2 / 1::2, cos/sin repeat_interleave.
-    {"ernie4_5", kBlock, kPlain}, {"ernie4_5_moe", kBlock, kPlain},
+    {"ernie4_5", kBlock, kPlain},
+    {"ernie4_5_moe", kBlock, kPlain},
     // modeling_ernie4_5_vl_moe: the same pairing; its M-RoPE alternates h / w pairs, then t.
-    {"ernie4_5_vl_moe", kBlock, kErnieVl}, {"ernie4_5_vl_moe_text", kBlock, kErnieVl},
+    {"ernie4_5_vl_moe", kBlock, kErnieVl},
+    {"ernie4_5_vl_moe_text", kBlock, kErnieVl},
     {"helium", kBlock, kPlain},  // modeling_helium rotate_half over x[..., 0::2], x[..., 1::2]
     // rotate_half: pair p = channels (p, p + r/2).
-    {"llama", kHalf, kPlain}, {"mistral", kHalf, kPlain}, {"mixtral", kHalf, kPlain},
-    {"ministral", kHalf, kPlain}, {"ministral3", kHalf, kPlain}, {"mistral3", kHalf, kPlain},
-    {"qwen2", kHalf, kPlain}, {"qwen2_moe", kHalf, kPlain}, {"qwen3", kHalf, kPlain}, {"qwen3_moe", kHalf, kPlain},
+    {"llama", kHalf, kPlain},
+    {"mistral", kHalf, kPlain},
+    {"mixtral", kHalf, kPlain},
+    {"ministral", kHalf, kPlain},
+    {"ministral3", kHalf, kPlain},
+    {"mistral3", kHalf, kPlain},
+    {"qwen2", kHalf, kPlain},
+    {"qwen2_moe", kHalf, kPlain},
+    {"qwen3", kHalf, kPlain},
+    {"qwen3_moe", kHalf, kPlain},
     // Qwen3NextDecoderLayer: linear_attn takes no position embeddings; Qwen3NextConfig.__post_init__ defaults.
     {"qwen3_next", kHalf, kLinearNoPe | kQwen3Next},
-    {"qwen2_vl", kHalf, kPlain}, {"qwen2_vl_text", kHalf, kPlain},
-    {"qwen2_5_vl", kHalf, kPlain}, {"qwen2_5_vl_text", kHalf, kPlain},
+    {"qwen2_vl", kHalf, kPlain},
+    {"qwen2_vl_text", kHalf, kPlain},
+    {"qwen2_5_vl", kHalf, kPlain},
+    {"qwen2_5_vl_text", kHalf, kPlain},
     // modeling_qwen3_vl Qwen3VLTextRotaryEmbedding.apply_interleaved_mrope: M-RoPE always interleaved.
-    {"qwen3_vl", kHalf, kQwen3Vl}, {"qwen3_vl_text", kHalf, kQwen3Vl}, {"qwen3_vl_moe", kHalf, kQwen3Vl},
+    {"qwen3_vl", kHalf, kQwen3Vl},
+    {"qwen3_vl_text", kHalf, kQwen3Vl},
+    {"qwen3_vl_moe", kHalf, kQwen3Vl},
     {"qwen3_vl_moe_text", kHalf, kQwen3Vl},
     {"gemma", kHalf, kPlain},
     {"gemma2", kHalf, kGemmaScalar},  // Gemma2Attention: scaling = query_pre_attn_scalar ** -0.5
     // Gemma3TextConfig defaults, rope_local_base_freq for sliding layers; Gemma3Attention's query_pre_attn_scalar.
-    {"gemma3", kHalf, kGemma3 | kGemmaScalar}, {"gemma3_text", kHalf, kGemma3 | kGemmaScalar},
+    {"gemma3", kHalf, kGemma3 | kGemmaScalar},
+    {"gemma3_text", kHalf, kGemma3 | kGemmaScalar},
     // Gemma4TextAttention: global_head_dim on full_attention layers, scaling = 1.0.
-    {"gemma4", kHalf, kGemma4}, {"gemma4_text", kHalf, kGemma4},
+    {"gemma4", kHalf, kGemma4},
+    {"gemma4_text", kHalf, kGemma4},
     {"phi", kHalf, kPlain},
     {"phi3", kHalf, kPhi3},  // Phi3Config: a legacy "type" of "su" / "yarn" is longrope
-    {"phimoe", kHalf, kPlain}, {"gpt_neox", kHalf, kPlain},
+    {"phimoe", kHalf, kPlain},
+    {"gpt_neox", kHalf, kPlain},
     {"gpt_oss", kHalf, kPlain},  // modeling_gpt_oss _apply_rotary_emb: torch.chunk halves, the same pairing
-    {"glm4_moe", kHalf, kPlain}, {"glm4v_moe", kHalf, kPlain},
-    {"glm4v_moe_text", kHalf, kPlain}, {"stablelm", kHalf, kPlain}, {"starcoder2", kHalf, kPlain},
-    {"falcon", kHalf, kPlain}, {"olmo", kHalf, kPlain}, {"olmo2", kHalf, kPlain}, {"granite", kHalf, kPlain},
-    {"granitemoe", kHalf, kPlain}, {"olmoe", kHalf, kPlain}, {"persimmon", kHalf, kPlain},
+    {"glm4_moe", kHalf, kPlain},
+    {"glm4v_moe", kHalf, kPlain},
+    {"glm4v_moe_text", kHalf, kPlain},
+    {"stablelm", kHalf, kPlain},
+    {"starcoder2", kHalf, kPlain},
+    {"falcon", kHalf, kPlain},
+    {"olmo", kHalf, kPlain},
+    {"olmo2", kHalf, kPlain},
+    {"granite", kHalf, kPlain},
+    {"granitemoe", kHalf, kPlain},
+    {"olmoe", kHalf, kPlain},
+    {"persimmon", kHalf, kPlain},
     {"smollm3", kHalf, kNopeInterval},  // SmolLM3Attention: use_rope = no_rope_layers[layer_idx]
     {"exaone4", kHalf, kExaone4},       // Exaone4Attention.forward: sliding_window is None or is_sliding
     // ALiBi instead of RoPE: refused.
-    {"bloom", kHalf, kAlibi}, {"mpt", kHalf, kAlibi},
+    {"bloom", kHalf, kAlibi},
+    {"mpt", kHalf, kAlibi},
 };
 
 inline Family family_from_row(const FamilyRow& row) {
@@ -195,11 +224,10 @@ inline const std::vector<std::string>* known_layer_types(const Family& f, bool l
 // config omits (Gemma 3's multimodal configs give a text_config of a few
 // keys only).
 inline const Json& gemma3_defaults() {
-  static const Json d = {{"rope_theta", 1000000.0},       {"rope_local_base_freq", 10000.0},
-                         {"sliding_window_pattern", 6},   {"head_dim", 256},
-                         {"num_attention_heads", 8},      {"hidden_size", 2304},
-                         {"num_hidden_layers", 26},       {"max_position_embeddings", 131072},
-                         {"query_pre_attn_scalar", 256}};
+  static const Json d = {
+      {"rope_theta", 1000000.0}, {"rope_local_base_freq", 10000.0},   {"sliding_window_pattern", 6},
+      {"head_dim", 256},         {"num_attention_heads", 8},          {"hidden_size", 2304},
+      {"num_hidden_layers", 26}, {"max_position_embeddings", 131072}, {"query_pre_attn_scalar", 256}};
   return d;
 }
 

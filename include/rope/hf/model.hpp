@@ -51,11 +51,11 @@ struct SeqLenDependence {
 
 // The RoPE of one kind of layer (a model has one kind, or one per layer type).
 struct LayerRope {
-  std::string layer_type;        // its name in layer_types ("full_attention", ...), "" when the config has none
-  bool rotates = true;           // false: a NoPE layer (or a linear-attention / Mamba mixer): no rotation at all
-  std::size_t head_dim = 0;      // channels of the head the rotary part lies in
-  std::size_t rotary_dim = 0;    // channels rotated: rotary_dim / 2 pairs
-  double base = 10000.0;         // theta of the schedule base^(-2p/rotary_dim)
+  std::string layer_type;          // its name in layer_types ("full_attention", ...), "" when the config has none
+  bool rotates = true;             // false: a NoPE layer (or a linear-attention / Mamba mixer): no rotation at all
+  std::size_t head_dim = 0;        // channels of the head the rotary part lies in
+  std::size_t rotary_dim = 0;      // channels rotated: rotary_dim / 2 pairs
+  double base = 10000.0;           // theta of the schedule base^(-2p/rotary_dim)
   std::string rope_type = "none";  // "default", "linear", "yarn", ... (legacy names mapped); "none" when !rotates
   Scaling scaling;
   // How this kind's q/k heads are laid out and scored (the model's values
@@ -85,12 +85,12 @@ struct LayerRope {
 
 // A model's RoPE as its config.json defines it.
 struct ModelRope {
-  std::string model_type;     // of the text model (text_config.model_type when nested)
+  std::string model_type;  // of the text model (text_config.model_type when nested)
   Style style = Style::rotate_half;
-  bool style_known = false;   // the config was read as a family of docs/hf_config.md, whose pairing
-                              // is known; false when read generically (ParseOptions::generic)
-  std::string family;         // the family table row read: model_type, or what architectures or
-                              // ParseOptions::family mapped it to; "" when read generically
+  bool style_known = false;  // the config was read as a family of docs/hf_config.md, whose pairing
+                             // is known; false when read generically (ParseOptions::generic)
+  std::string family;        // the family table row read: model_type, or what architectures or
+                             // ParseOptions::family mapped it to; "" when read generically
   // What a generic read (ParseOptions::generic) guessed instead of knowing:
   // "style", "layers" (every layer rotates alike), "rotary_offset" (0),
   // "head_dim", "softmax_scale". Empty for a known family.

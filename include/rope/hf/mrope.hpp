@@ -37,7 +37,8 @@ inline std::optional<PairAxes> pair_axes(const Context& c, const Reader& entry, 
         MropeSections{{(*s)[0], (*s)[1], (*s)[2]}, interleaved ? SectionOrder::interleaved : SectionOrder::chunked},
         pairs);
   } catch (const rope::invalid_argument& err) {
-    fail(entry.fn(), entry.path("mrope_section"), std::string("a layout rope can build (") + err.what() + ")", shown.dump());
+    fail(entry.fn(), entry.path("mrope_section"), std::string("a layout rope can build (") + err.what() + ")",
+         shown.dump());
   }
 }
 

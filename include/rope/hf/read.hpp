@@ -95,8 +95,8 @@ inline Family model_family(const char* fn, const Json& root, const TextModel& te
     }
     fail(fn, text.prefix + "model_type",
          "a model type of rope's family table (docs/hf_config.md), or an architectures entry naming one" +
-             (nested.empty() ? std::string() : "; the language model may be nested under" + nested +
-                                                   ", a key rope does not read") +
+             (nested.empty() ? std::string()
+                             : "; the language model may be nested under" + nested + ", a key rope does not read") +
              ". To read it anyway, set ParseOptions::family to the family it follows, or ParseOptions::generic"
              " (with ParseOptions::style for its pairing) to read it as a plain decoder",
          Json(model.model_type).dump());
@@ -134,8 +134,8 @@ inline std::size_t derived_head_dim(const Reader& cfg, std::optional<std::size_t
 inline void read_head_dims(Context& c, ModelRope& model) {
   const Reader& cfg = *c.cfg;
   const auto hidden = cfg.has("hidden_size") ? cfg.positive_count("hidden_size") : cfg.positive_count("n_embd");
-  const auto heads = cfg.has("num_attention_heads") ? cfg.positive_count("num_attention_heads")
-                                                    : cfg.positive_count("n_head");
+  const auto heads =
+      cfg.has("num_attention_heads") ? cfg.positive_count("num_attention_heads") : cfg.positive_count("n_head");
   if (c.family.deepseek) {
     const auto rope_dim = cfg.positive_count("qk_rope_head_dim");
     if (!rope_dim) cfg.missing("qk_rope_head_dim", "DeepSeek rotates that many channels");

@@ -69,8 +69,8 @@ struct Partial {
 
 inline Partial partial_rotary(const Context& c, const Reader& entry) {
   const Reader& cfg = *c.cfg;
-  Partial partial{c.top_partial, cfg.has("partial_rotary_factor") ? cfg.path("partial_rotary_factor")
-                                                                  : cfg.path("rotary_pct")};
+  Partial partial{c.top_partial,
+                  cfg.has("partial_rotary_factor") ? cfg.path("partial_rotary_factor") : cfg.path("rotary_pct")};
   if (!partial.factor) {
     partial.factor = entry.number("partial_rotary_factor");
     partial.key = entry.path("partial_rotary_factor");
@@ -194,8 +194,7 @@ inline Scaling longrope_scaling(const EntryArgs& a) {
   read_longrope_factors(entry, a.rotary_dim, l);
   l.original_max_positions = original_length(a.context, entry);
   if (l.original_max_positions < 2) {
-    entry.bad("original_max_position_embeddings", ">= 2 (longrope divides by its log)",
-              Json(l.original_max_positions));
+    entry.bad("original_max_position_embeddings", ">= 2 (longrope divides by its log)", Json(l.original_max_positions));
   }
   l.factor = entry.positive("factor");
   if (!l.factor) {
@@ -229,8 +228,9 @@ struct RopeTypeRow {
 };
 
 inline constexpr RopeTypeRow kRopeTypes[] = {
-    {"default", default_scaling}, {"linear", linear_scaling},     {"dynamic", dynamic_scaling},
-    {"yarn", yarn_scaling},       {"longrope", longrope_scaling}, {"llama3", llama3_scaling},
+    {"default", default_scaling},           {"linear", linear_scaling},
+    {"dynamic", dynamic_scaling},           {"yarn", yarn_scaling},
+    {"longrope", longrope_scaling},         {"llama3", llama3_scaling},
     {"proportional", proportional_scaling}, {"ntk", ntk_scaling},
 };
 

@@ -35,8 +35,7 @@ namespace rope {
 // scores[r * score_stride] = q_r . key for `rows` query rows of d values
 // (row r at q + r * d).
 template <class T, class Arch = xsimd::default_arch>
-void dot_rows(const T* q, std::size_t rows, std::size_t d, const T* key, T* scores,
-              std::size_t score_stride) noexcept {
+void dot_rows(const T* q, std::size_t rows, std::size_t d, const T* key, T* scores, std::size_t score_stride) noexcept {
   using B = xsimd::batch<T, Arch>;
   constexpr std::size_t n = B::size;
   const std::size_t full = d - d % n;
@@ -120,7 +119,7 @@ void weighted_rows(const T* weights, std::size_t weight_stride, std::size_t rows
                    std::size_t value_stride, std::size_t dv, T* acc, std::size_t acc_stride) noexcept {
   switch (rows) {
 #define ROPE_WEIGHTED_ROWS(R) \
-  case R:                      \
+  case R:                     \
     return detail::weighted_block<R, T, Arch>(weights, weight_stride, n, values, value_stride, dv, acc, acc_stride);
     ROPE_WEIGHTED_ROWS(1)
     ROPE_WEIGHTED_ROWS(2)

@@ -103,7 +103,7 @@ struct Step<Style::rotate_half, Inverse, T, Arch> {
       : c(B::load_unaligned(row.cos + p)),
         s(Inverse ? -B::load_unaligned(row.sin + p) : B::load_unaligned(row.sin + p)) {}
   void store(const Input& in, T* y, std::size_t p, std::size_t pairs) const noexcept {
-    neg_mul_add(in.b, s, in.a * c).store_unaligned(y + p);        // a c - b s
+    neg_mul_add(in.b, s, in.a * c).store_unaligned(y + p);      // a c - b s
     mul_add(in.a, s, in.b * c).store_unaligned(y + pairs + p);  // b c + a s
   }
   void store_short(const Input& in, T* y, std::size_t pairs) const noexcept {
@@ -231,16 +231,13 @@ struct Step16<Style::rotate_half, Inverse, Lanes, Arch> {
     const F al = Lanes::low(in.a), ah = Lanes::high(in.a);
     const F bl = Lanes::low(in.b), bh = Lanes::high(in.b);
     store_lanes(Lanes::pack(neg_mul_add(bl, s_low, al * c_low), neg_mul_add(bh, s_high, ah * c_high)), y + p);
-    store_lanes(Lanes::pack(mul_add(al, s_low, bl * c_low), mul_add(ah, s_high, bh * c_high)),
-                y + pairs + p);
+    store_lanes(Lanes::pack(mul_add(al, s_low, bl * c_low), mul_add(ah, s_high, bh * c_high)), y + pairs + p);
   }
   void store_short(const Input& in, std::uint16_t* y, std::size_t pairs) const noexcept {
     const F al = Lanes::low(in.a), ah = Lanes::high(in.a);
     const F bl = Lanes::low(in.b), bh = Lanes::high(in.b);
-    store_partial(Lanes::pack(neg_mul_add(bl, s_low, al * c_low), neg_mul_add(bh, s_high, ah * c_high)), y,
-                  2 * pairs);
-    store_partial(Lanes::pack(mul_add(al, s_low, bl * c_low), mul_add(ah, s_high, bh * c_high)), y + pairs,
-                  2 * pairs);
+    store_partial(Lanes::pack(neg_mul_add(bl, s_low, al * c_low), neg_mul_add(bh, s_high, ah * c_high)), y, 2 * pairs);
+    store_partial(Lanes::pack(mul_add(al, s_low, bl * c_low), mul_add(ah, s_high, bh * c_high)), y + pairs, 2 * pairs);
   }
 
   // 16-bit values as 32-bit lanes; no alignment is needed beyond 2 bytes.
@@ -291,9 +288,9 @@ struct Step16<Style::block_diagonal, Inverse, Lanes, Arch> {
 // touched. Out of line: its stack buffers would otherwise give every call a
 // stack frame.
 template <class StepT, class Row>
-ROPE_NOINLINE void rotate_short(const typename StepT::Element* x, std::ptrdiff_t x_stride,
-                                typename StepT::Element* y, std::ptrdiff_t y_stride, std::size_t heads,
-                                const Row& row, std::size_t pairs) noexcept {
+ROPE_NOINLINE void rotate_short(const typename StepT::Element* x, std::ptrdiff_t x_stride, typename StepT::Element* y,
+                                std::ptrdiff_t y_stride, std::size_t heads, const Row& row,
+                                std::size_t pairs) noexcept {
   using C = std::decay_t<decltype(row.cos_at(0))>;
   constexpr std::size_t n = StepT::kPairs;
   C c[n] = {}, s[n] = {};
@@ -371,8 +368,7 @@ inline void rotate_rows(const typename StepT::Element* x, std::ptrdiff_t x_strid
 // floats (the row split by parity, for rotate_half).
 template <Style S, class T, class Arch>
 void rotate_heads_16(const T* x, std::ptrdiff_t x_stride, T* y, std::ptrdiff_t y_stride, std::size_t heads,
-                     const float* cos, const float* sin, std::size_t rotary_dim, Direction dir,
-                     float* work) noexcept {
+                     const float* cos, const float* sin, std::size_t rotary_dim, Direction dir, float* work) noexcept {
   using Lanes = typename LanesOf<T, Arch>::type;
   const std::size_t pairs = rotary_dim / 2;
   // The storage types hold their bits as their one std::uint16_t member.
@@ -400,9 +396,8 @@ void rotate_heads_16(const T* x, std::ptrdiff_t x_stride, T* y, std::ptrdiff_t y
 //   - no alignment is required (64-byte aligned rows are fastest).
 // Nothing past channel rotary_dim-1 of a row is read or written.
 template <Style S, class T, class Arch = xsimd::default_arch>
-void rotate_heads(const T* x, std::ptrdiff_t x_stride, T* y, std::ptrdiff_t y_stride,
-                  std::size_t heads, const T* cos, const T* sin, std::size_t rotary_dim,
-                  Direction dir = Direction::forward) noexcept {
+void rotate_heads(const T* x, std::ptrdiff_t x_stride, T* y, std::ptrdiff_t y_stride, std::size_t heads, const T* cos,
+                  const T* sin, std::size_t rotary_dim, Direction dir = Direction::forward) noexcept {
   static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
                 "rope::rotate_heads: T must be float or double");
   const detail::PairRow<T> row{cos, sin};

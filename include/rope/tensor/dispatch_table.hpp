@@ -33,13 +33,13 @@ struct LoopSlot {
 };
 
 struct DispatchTable : LoopSlot<float, SingleAxis<float>>,
-               LoopSlot<float, MultiAxis<float>>,
-               LoopSlot<double, SingleAxis<double>>,
-               LoopSlot<double, MultiAxis<double>>,
-               LoopSlot<BFloat16, SingleAxis<float>>,
-               LoopSlot<BFloat16, MultiAxis<float>>,
-               LoopSlot<Float16, SingleAxis<float>>,
-               LoopSlot<Float16, MultiAxis<float>> {
+                       LoopSlot<float, MultiAxis<float>>,
+                       LoopSlot<double, SingleAxis<double>>,
+                       LoopSlot<double, MultiAxis<double>>,
+                       LoopSlot<BFloat16, SingleAxis<float>>,
+                       LoopSlot<BFloat16, MultiAxis<float>>,
+                       LoopSlot<Float16, SingleAxis<float>>,
+                       LoopSlot<Float16, MultiAxis<float>> {
   const char* arch;  // the xsimd name of the architecture they were compiled for
 };
 

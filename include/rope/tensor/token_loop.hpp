@@ -32,16 +32,16 @@
 #include <type_traits>
 #include <vector>
 
+#include "../detail/inline.hpp"
+#include "../detail/parallel.hpp"
+#include "../detail/prefetch.hpp"
+#include "../detail/stream.hpp"
 #include "../half.hpp"
 #include "../kernels/rotate.hpp"
 #include "../options.hpp"
 #include "../style.hpp"
 #include "../table.hpp"
 #include "../view.hpp"
-#include "../detail/inline.hpp"
-#include "../detail/parallel.hpp"
-#include "../detail/prefetch.hpp"
-#include "../detail/stream.hpp"
 #include "view_checks.hpp"
 
 namespace rope::detail {
@@ -67,7 +67,7 @@ struct SingleAxis {
 // positions (M-RoPE, axial): pair p at angle positions[axis(p)] * theta_p.
 template <class C>
 struct MultiAxis {
-  const C* rows;                  // as SingleAxis
+  const C* rows;  // as SingleAxis
   std::size_t table_pairs;
   const std::int64_t* positions;  // [axes, tokens]
   std::size_t tokens;
@@ -156,8 +156,7 @@ struct Work {
 // contiguous, so that the streaming stores cover whole cache lines and only
 // the ragged ends of a token's block go through the cache.
 template <Style S, class Arch, class T, class C, class Source>
-void rotate_tokens(const Work<T, Source>& shared, std::size_t begin, std::size_t end, C* scratch,
-                   T* staging) noexcept {
+void rotate_tokens(const Work<T, Source>& shared, std::size_t begin, std::size_t end, C* scratch, T* staging) noexcept {
   // Local copies: the kernels' stores may alias anything (SIMD stores do),
   // so fields read through references would be reloaded after every head.
   const Work<T, Source> w = shared;
@@ -186,8 +185,7 @@ void rotate_tokens(const Work<T, Source>& shared, std::size_t begin, std::size_t
         stream_copy<Arch>(p.out.row(t, 0), staging, p.in.heads * d * sizeof(T));
       } else {
         for (std::size_t h = 0; h < p.in.heads; ++h) {
-          rotate_token_heads<S, Arch>(p.in.row(t, h), 0, staging, 0, 1, d, cos, sin, w.rotary_dim, w.direction,
-                                      work);
+          rotate_token_heads<S, Arch>(p.in.row(t, h), 0, staging, 0, 1, d, cos, sin, w.rotary_dim, w.direction, work);
           stream_copy<Arch>(p.out.row(t, h), staging, d * sizeof(T));
         }
       }
@@ -223,8 +221,8 @@ constexpr std::size_t kStreamingBytes = std::size_t(64) << 20;
 // workspaces are allocated here, and a thread that cannot be started has its
 // chunk run by the caller instead.
 template <class T, class C, class Source, class Loop>
-void run(const Pass<T>* passes, std::size_t count, const Source& source, std::size_t rotary_dim,
-         const Options& options, Loop loop) {
+void run(const Pass<T>* passes, std::size_t count, const Source& source, std::size_t rotary_dim, const Options& options,
+         Loop loop) {
   const std::size_t tokens = passes[0].in.tokens;
   std::size_t token_block = 0;  // the most elements a pass has per token
   std::size_t written = 0;
@@ -237,8 +235,7 @@ void run(const Pass<T>* passes, std::size_t count, const Source& source, std::si
   if (tokens == 0) return;
   bool stream = false;
   if (out_of_place) {
-    stream = options.stores == Stores::streaming ||
-             (options.stores == Stores::automatic && written >= kStreamingBytes);
+    stream = options.stores == Stores::streaming || (options.stores == Stores::automatic && written >= kStreamingBytes);
   }
   const Work<T, Source> work{passes, count, source, rotary_dim, options.direction, stream};
   const std::size_t workers = std::min(thread_count(options.threads, options.executor), tokens);

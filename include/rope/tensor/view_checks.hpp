@@ -108,8 +108,8 @@ bool disjoint(const View<const A>& a, const View<const B>& b) noexcept {
   const auto gap_elements = static_cast<std::size_t>(gap / sizeof(A)) % ts;
   // Offset of b's token slot relative to a's, reduced into [0, ts).
   const std::size_t r = (b_lo >= a_lo || gap_elements == 0) ? gap_elements : ts - gap_elements;
-  for (const std::ptrdiff_t shift : {static_cast<std::ptrdiff_t>(r), static_cast<std::ptrdiff_t>(r) -
-                                                                          static_cast<std::ptrdiff_t>(ts)}) {
+  for (const std::ptrdiff_t shift :
+       {static_cast<std::ptrdiff_t>(r), static_cast<std::ptrdiff_t>(r) - static_cast<std::ptrdiff_t>(ts)}) {
     std::size_t i = 0, j = 0;
     while (i < a.heads && j < b.heads) {
       const auto a0 = static_cast<std::ptrdiff_t>(i * a.head_stride);
@@ -156,9 +156,8 @@ void check_passes(const char* fn, const Pass<T>* passes, std::size_t count, cons
     const View<const T> in = passes[i].in;
     const View<const T> out = passes[i].out;
     if (in.tokens != out.tokens || in.heads != out.heads || in.head_dim != out.head_dim) {
-      fail(fn, std::string(out_names[i]) + "'s shape", "the shape of " + std::string(in_names[i]) + " " +
-                                                           shape_text(in),
-           shape_text(out));
+      fail(fn, std::string(out_names[i]) + "'s shape",
+           "the shape of " + std::string(in_names[i]) + " " + shape_text(in), shape_text(out));
     }
   }
   for (std::size_t i = 0; i < count; ++i) {
