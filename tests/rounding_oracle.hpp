@@ -137,7 +137,7 @@ void check_calls(const std::string& arch, bool fused, std::vector<std::vector<T>
       for (Direction dir : {Direction::forward, Direction::inverse}) {
         for (std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
           for (rope::Stores stores : {rope::Stores::cached, rope::Stores::streaming}) {
-            const rope::Options options{0, dir, threads, stores};
+            const rope::Options options{0, dir, threads, stores, {}};
             const std::string where = arch + " " + rope::name(style) + " " + rope::name(dir) + " rotary " +
                                       std::to_string(shape.rotary_dim) + "/" + std::to_string(shape.head_dim) +
                                       " threads " + std::to_string(threads) +
@@ -193,7 +193,7 @@ void check_calls(const std::string& arch, bool fused, std::vector<std::vector<T>
         auto y = x;
         rope::apply_mrope<T, C, Arch>(View<T>::token_major(y.data(), shape.tokens, shape.q_heads, shape.head_dim),
                                       table, style, axes.data(), sections,
-                                      rope::Options{0, dir, 1, rope::Stores::automatic});
+                                      rope::Options{0, dir, 1, rope::Stores::automatic, {}});
         const auto want = style == Style::rotate_half
                               ? expected_tensor<Style::rotate_half>(x, shape.tokens, shape.q_heads, shape.head_dim,
                                                                     shape.rotary_dim, dir, fused, multi)

@@ -171,7 +171,7 @@ TYPED_TEST(Apply, LayoutHelpersMatchReference) {
           return layout == 0 ? View<E>::token_major(p, kTokens, kHeads, kHeadDim)
                              : View<E>::head_major(p, kTokens, kHeads, kHeadDim);
         };
-        rope::apply(make(data.data()), table, s, positions.data(), Options{0, dir, 1, rope::Stores::automatic});
+        rope::apply(make(data.data()), table, s, positions.data(), Options{0, dir, 1, rope::Stores::automatic, {}});
         expect_rotated<T>(make(original.data()), make(static_cast<const T*>(data.data())), table, s, dir, positions,
                           kHeadDim, layout == 0 ? "token_major" : "head_major");
       }
@@ -329,10 +329,10 @@ TYPED_TEST(Apply, ThreadCountsAndStoresAreBitIdentical) {
     for (rope::Stores stores : {rope::Stores::cached, rope::Stores::streaming}) {
       std::vector<T> out(original.size());
       rope::apply(in, View<T>::token_major(out.data(), kTokens, kHeads, kHeadDim), table, Style::block_diagonal,
-                  positions.data(), Options{0, Direction::forward, threads, stores});
+                  positions.data(), Options{0, Direction::forward, threads, stores, {}});
       auto in_place = original;
       rope::apply(View<T>::token_major(in_place.data(), kTokens, kHeads, kHeadDim), table, Style::block_diagonal,
-                  positions.data(), Options{0, Direction::forward, threads, stores});
+                  positions.data(), Options{0, Direction::forward, threads, stores, {}});
       if (first.empty()) first = out;
       EXPECT_TRUE(same_bytes(out, first)) << threads << " threads, out of place";
       EXPECT_TRUE(same_bytes(in_place, first)) << threads << " threads, in place";
@@ -380,7 +380,7 @@ TEST(ApplyDouble, InverseUndoesForward) {
   const auto v = View<double>::token_major(x.data(), kTokens, kHeads, kHeadDim);
   rope::apply(v, table, Style::rotate_half, positions.data());
   rope::apply(v, table, Style::rotate_half, positions.data(),
-              Options{0, Direction::inverse, 2, rope::Stores::automatic});
+              Options{0, Direction::inverse, 2, rope::Stores::automatic, {}});
   for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(x[i], original[i], 1e-14) << i;
 }
 
@@ -525,7 +525,7 @@ TEST(ApplyMultiAxis, MropeWithEqualAxesIsPlainRope) {
                       rope::MropeSections{order == rope::SectionOrder::chunked ? std::array<std::size_t, 3>{8, 12, 12}
                                                                                : std::array<std::size_t, 3>{12, 10, 10},
                                           order},
-                      Options{0, Direction::forward, 3, {}});
+                      Options{0, Direction::forward, 3, {}, {}});
     rope::apply(View<float>::token_major(b.data(), kTokens, kHeads, kHeadDim), table, Style::rotate_half, t.data());
     EXPECT_TRUE(same_bytes(a, b));
   }
