@@ -28,44 +28,11 @@ namespace {
 namespace at = attention_test;
 namespace ra = rope::attention;
 using at::Heads;
-using ra::Matrix;
 using ra::Rotation;
 using rope::Style;
 using rope::View;
 
-template <class T>
-class ThreadsTyped : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(ThreadsTyped, Scalars, rope_test::ScalarNames);
-
-template <class T>
-double tolerance() {
-  return at::exact_tolerance<T>();
-}
-
-// max |got - want| / max |want| over one head of an output tensor.
-template <class T>
-double head_error(const Heads<T>& out, std::size_t h, const at::Mat& want) {
-  return at::relative_error(out.head(h), want);
-}
-
-// A grouped-query layer for the linear cases: tensors, FAVOR+ features and
-// the tables of both rotations (d channels pre-phi, m features for eq. 19).
-template <class T>
-struct LinearCase {
-  static constexpr std::size_t l = 23, hq = 4, hk = 2, d = 8, dv = 4, m = 16;
-  const rope::Table<T> table{rope::frequencies(d, 10000.0), 64};
-  const rope::Table<T> feature_table{rope::frequencies(m, 10000.0), 64};
-  const Heads<T> q, k, v;
-  const ra::FavorFeatures phi{d, features(m)};
-
-  explicit LinearCase(std::uint32_t seed) : q(l, hq, d, seed), k(l, hk, d, seed + 1), v(l, hk, dv, seed + 2) {}
-  static ra::FavorOptions features(std::size_t count) {
-    ra::FavorOptions fo;
-    fo.features = count;
-    return fo;
-  }
-};
+using at::LinearCase;
 
 // Threads split (key/value head, query block) items, each computed the same
 // way: any thread count gives the same bytes, also with fewer heads than

@@ -372,8 +372,6 @@ inline void check_linear_options(const char* fn, const LinearOptions& o, std::si
   check_mask_options(fn, o, lq, lk);
 }
 
-inline Visibility linear_visibility(const LinearOptions& o) { return visibility_of(o); }
-
 // The rotations: pre-phi over d, eq. 19 over exactly m features.
 template <class T>
 FeatureMap<T> check_feature_map(const char* fn, const FavorFeatures* phi, std::size_t input_dim,
@@ -448,7 +446,7 @@ template <class T>
 void linear_heads(const char* fn, const View<const T>& q, const View<const T>& k, const View<const T>& v,
                   const View<T>& out, const LinearOptions& o, FeatureMap<T> map, std::vector<LinearState<T>>* states) {
   LinearPlan<T> plan;
-  plan.visibility = linear_visibility(o);
+  plan.visibility = visibility_of(o);
   plan.group = q.heads / k.heads;
   plan.features = map.features(q.head_dim);
   plan.map = map;

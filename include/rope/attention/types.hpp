@@ -59,12 +59,6 @@ constexpr void check_same_scalar() noexcept {
                 "rope::attention: every matrix argument must have the same scalar type");
 }
 
-// Rows and block sizes leave size_t for Eigen::Index (signed): a count no
-// matrix can have is clamped to the rows there are, never wrapped negative.
-inline Eigen::Index index_of(std::size_t n, std::size_t limit) noexcept {
-  return static_cast<Eigen::Index>(std::min(n, std::max<std::size_t>(limit, 1)));
-}
-
 // A row-major map over strided rows: `rows` rows of `cols` values, row r at data + r * stride.
 template <class T>
 using RowsMap = Eigen::Map<Matrix<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
