@@ -56,8 +56,8 @@ void apply_axes(const char* fn, const View<T>& x, const Table<U>& table, Style s
   check_rotary_fits(fn, kName, &pass, 1, rotary_dim);
   if (positions == nullptr) fail(fn, "positions", "non-null", nullptr);
   for (std::size_t a = 0; a < axes; ++a) {
-    check_positions(fn, positions + a * x.tokens, x.tokens, table.positions(),
-                    PositionNames{axis_name(a, axes) + " positions", "offset"});
+    const std::string name = axis_name(a, axes) + " positions";
+    check_positions(fn, positions + a * x.tokens, x.tokens, table.positions(), PositionNames{name.c_str(), "offset"});
   }
   const MultiAxis<U> source{table.cos(0), table.rotary_dim() / 2, positions,
                             x.tokens,     axis_of_pair.data(),    rotary_dim / 2};

@@ -189,8 +189,7 @@ StepPlan<T> plan_step(const char* fn, std::size_t n, std::size_t length, std::si
     for (std::size_t t = 0; t < n && !o.k_positions.empty(); ++t) {
       const std::int64_t m = step.new_positions[t];
       if (m < 0 || static_cast<std::uint64_t>(m) >= rows) {
-        fail<rope::out_of_range>(fn, indexed("options.k_positions", length + t),
-                                 "in the table's positions [0, " + to_text(rows) + ")", m);
+        rope::detail::position_outside(fn, indexed("options.k_positions", length + t), rows, m);
       }
     }
   }

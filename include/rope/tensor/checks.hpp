@@ -64,11 +64,18 @@ void check_rotary_fits(const char* fn, const char* const* names, const Pass<T>* 
 
 // How the caller spelled a call's positions: the array of ids and the
 // offset of contiguous positions (positions / offset for the tensor API,
-// options.q_positions / options.q_offset for attention).
+// options.q_positions / options.q_offset for attention). Pointers, so that
+// a call that passes its checks builds no string.
 struct PositionNames {
-  std::string ids = "positions";
-  std::string offset = "offset";
+  const char* ids = "positions";
+  const char* offset = "offset";
 };
+
+// Position `value` (argument `argument`) is outside the table's rows.
+[[noreturn]] inline void position_outside(const char* fn, const std::string& argument, std::uint64_t rows,
+                                          std::int64_t value) {
+  fail<rope::out_of_range>(fn, argument, "in the table's positions [0, " + to_text(rows) + ")", value);
+}
 
 // Every position of `count` tokens must index a row of a table of
 // `table_positions` rows: [0, table_positions). Ids are checked one by one;
@@ -77,20 +84,22 @@ inline void check_positions(const char* fn, const Positions& p, std::size_t coun
                             const PositionNames& names = {}) {
   if (p.by_id() && p.ids() == nullptr) fail(fn, names.ids, "non-null", nullptr);
   if (count == 0) return;
-  const std::string range = "in the table's positions [0, " + to_text(table_positions) + ")";
   if (!p.by_id()) {
-    if (p.offset() < 0) fail<rope::out_of_range>(fn, names.offset + " (the position of token 0)", ">= 0", p.offset());
+    if (p.offset() < 0) {
+      fail<rope::out_of_range>(fn, std::string(names.offset) + " (the position of token 0)", ">= 0", p.offset());
+    }
     const auto last = static_cast<std::uint64_t>(p.offset()) + (count - 1);
     if (last >= table_positions) {
       const std::string t = to_text(count - 1);
-      fail<rope::out_of_range>(fn, names.offset + " + " + t + " (the position of token " + t + ")", range, last);
+      fail<rope::out_of_range>(fn, std::string(names.offset) + " + " + t + " (the position of token " + t + ")",
+                               "in the table's positions [0, " + to_text(table_positions) + ")", last);
     }
     return;
   }
   for (std::size_t t = 0; t < count; ++t) {
     const std::int64_t m = p.ids()[t];
     if (m < 0 || static_cast<std::uint64_t>(m) >= table_positions) {
-      fail<rope::out_of_range>(fn, indexed(names.ids, t), range, m);
+      position_outside(fn, indexed(names.ids, t), table_positions, m);
     }
   }
 }
