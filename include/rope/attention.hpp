@@ -13,7 +13,9 @@
 
 #include "rope.hpp"
 
+#include "attention/batch.hpp"
 #include "attention/common.hpp"
 #include "attention/features.hpp"
 #include "attention/linear.hpp"
+#include "attention/paged.hpp"
 #include "attention/softmax.hpp"

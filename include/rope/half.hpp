@@ -184,5 +184,12 @@ struct Storage<T, std::enable_if_t<is_foreign_16bit<T>::value>> {
   }
 };
 
+// One stored value of a KV cache element type (attention/paged.hpp) as
+// float, exactly: float, the two 16-bit types, and int8 (before its scale).
+inline float widen_value(float x) noexcept { return x; }
+inline float widen_value(BFloat16 x) noexcept { return bfloat16_bits_to_float(x.bits); }
+inline float widen_value(Float16 x) noexcept { return float16_bits_to_float(x.bits); }
+inline float widen_value(std::int8_t x) noexcept { return static_cast<float>(x); }
+
 }  // namespace detail
 }  // namespace rope

@@ -12,11 +12,17 @@
 //   dot_rows:      scores[r * score_stride] = q_r . key
 //   weighted_rows: acc_r += sum_j weight_(r, j) value_j, value by value in
 //                  order j = 0, 1, ..., one fused multiply-add per channel.
+// and of the KV-cache rows (kernels/kv_rows.hpp), in channel order over
+// stored values widened exactly (float, BFloat16, Float16, int8):
+//   dot_kv:        scores[r * score_stride] = q_r . key (int8: before its scale)
+//   weighted_kv:   acc_r += sum_j (w_rj * scale_j) value_j, in order j, one
+//                  fused multiply-add per channel.
 #pragma once
 
 #include <cmath>
 #include <cstddef>
 
+#include "half.hpp"
 #include "style.hpp"
 
 namespace rope::reference {
@@ -62,6 +68,39 @@ void weighted_rows(const T* weights, std::size_t weight_stride, std::size_t rows
       for (std::size_t c = 0; c < dv; ++c) {
         T& a = acc[r * acc_stride + c];
         a = std::fma(w, values[j * value_stride + c], a);
+      }
+    }
+  }
+}
+
+// scores[r * score_stride] = sum_c q[r * d + c] * key[c], in channel order,
+// key widened exactly (int8: before its scale).
+template <class E>
+void dot_kv(const float* q, std::size_t rows, std::size_t d, const E* key, float* scores,
+            std::size_t score_stride) noexcept {
+  for (std::size_t r = 0; r < rows; ++r) {
+    float total = 0;
+    for (std::size_t c = 0; c < d; ++c) total += q[r * d + c] * detail::widen_value(key[c]);
+    scores[r * score_stride] = total;
+  }
+}
+
+// acc[r * acc_stride + c] += w_rj * values[j * value_stride + c] for j = 0 ..
+// n-1 in order, w_rj = weights[r * weight_stride + j] (times
+// value_scales[j * scale_stride],
+// rounded once, when value_scales is set), each product added with one
+// rounding (std::fma).
+template <class E>
+void weighted_kv(const float* weights, std::size_t weight_stride, std::size_t rows, std::size_t n, const E* values,
+                 std::size_t value_stride, const float* value_scales, std::size_t scale_stride, std::size_t dv,
+                 float* acc, std::size_t acc_stride) noexcept {
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t j = 0; j < n; ++j) {
+      const float w = weights[r * weight_stride + j];
+      const float wj = value_scales != nullptr ? w * value_scales[j * scale_stride] : w;
+      for (std::size_t c = 0; c < dv; ++c) {
+        float& a = acc[r * acc_stride + c];
+        a = std::fma(wj, detail::widen_value(values[j * value_stride + c]), a);
       }
     }
   }

@@ -1,0 +1,561 @@
+// rope/attention/batch.hpp — softmax attention for a batch of sequences over
+// a paged KV cache (paged.hpp): prefill, chunked prefill and decode in one
+// call, the way a server steps its running requests.
+//
+// A batch of B sequences: sequence b's new tokens are the packed query rows
+// q_starts[b] .. q_starts[b+1]-1 (cu_seqlens / qo_indptr), and its cache
+// holds lengths[b] keys, the new tokens' own keys included (the last n_b =
+// q_starts[b+1] - q_starts[b] of them). Its key j sits in slot
+// block_table[b][j / page_size] * page_size + j % page_size. Positions come
+// from the lengths, so they cannot drift from the cache: key j is at
+// position j, new token i of sequence b at lengths[b] - n_b + i. A query
+// sees the keys of its own sequence only: all of them, or (causal) those at
+// positions <= its own, and with a window only those at positions >
+// its own - window.
+//
+//   s_ij = scale * q_i . k_j  (int8: k_j = s_j q_j, its vector's scale)
+//   s_ij <- cap * tanh(s_ij / cap)                       (softcap)
+//   out_i = sum_j exp(s_ij - M) v_j / (exp(sink_h - M) + sum_j exp(s_ij - M))
+//
+// over the visible j, in that order (options.hpp): scale, softcap, the mask,
+// the sink in the denominator only. A query that sees no key gets zeros,
+// with a sink too. A NaN or Inf in a key or value reaches only the queries
+// that see it: masked keys are left out of the sums, and sequences never
+// read each other's pages (unless they share them).
+//
+// Arithmetic in float over the stored values widened exactly; Q and out may
+// be float, BFloat16 or Float16. Q is rotated by options.rotation at its
+// positions (the cache holds rotated keys); without a table Q is used as
+// given.
+//
+// Work and rounding: one item per (sequence, new token, key/value head) with
+// the query heads of the group stacked (each K and V row read once per
+// group), the keys in chunks of options.kv_split with a running max and sum.
+// A decode token (n_b == 1) is split: one item per part of kv_split keys
+// (aligned at multiples of kv_split), each part's (max, sum, weighted sum)
+// merged in order afterwards (log-sum-exp). The split and the merge order
+// depend on the cache lengths and options.kv_split only, never on the
+// thread count or the executor, so the output is the same bytes for any
+// thread count, and a sequence's rows are the same bytes in any batch.
+//
+// Memory: a BatchWorkspace the caller may keep between steps holds what a
+// call needs (items, per-part partial sums, per-thread rows); a call that is
+// given none allocates its own.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "../detail/parallel.hpp"
+#include "../kernels/kv_rows.hpp"
+#include "checks.hpp"
+#include "paged.hpp"
+#include "rows.hpp"
+#include "types.hpp"
+
+namespace rope::attention {
+
+// Which sequences, which tokens, which pages (see above). Pointers the call
+// reads only: q_starts has sequences + 1 entries (q_starts[0] = 0, non-
+// decreasing, q_starts[sequences] = q.tokens), lengths and the block table
+// (sequences rows of block_table_stride page ids) one row per sequence.
+struct Batch {
+  const std::int64_t* q_starts = nullptr;
+  const std::int64_t* lengths = nullptr;
+  const std::int32_t* block_table = nullptr;
+  std::size_t block_table_stride = 0;
+  std::size_t sequences = 0;
+};
+
+struct BatchOptions {
+  std::optional<double> scale;    // empty: 1/sqrt(head_dim)
+  std::optional<double> softcap;  // set: finite and > 0
+  // One logit per query head (q.heads), in the denominator only; -inf: none
+  // for that head. Empty: no sinks.
+  std::vector<double> sinks;
+  bool causal = true;          // a decoder's new tokens see the keys up to their own position
+  std::size_t window = 0;      // > 0: key j visible to query i only if j > p_i - window
+  Rotation<float> rotation;    // Q rotated at its positions (softmax_batch_step: new K too)
+  std::size_t kv_split = 512;  // keys per part of a decode token's split; also the chunk
+  std::size_t threads = 1;
+  Executor executor;  // set: shares run on the caller's pool, executor.workers of them
+};
+
+namespace detail {
+
+struct BatchItem {
+  std::size_t sequence, token, group, first_key, keys;
+  std::size_t partial;  // index of its partial sums, or kDirect
+};
+struct BatchMerge {
+  std::size_t token, group, first_item, items;
+};
+constexpr std::size_t kDirect = static_cast<std::size_t>(-1);
+
+}  // namespace detail
+
+// What a batched call keeps between steps (its contents are rope's): reuse
+// one per thread that calls, to allocate nothing once it has grown.
+struct BatchWorkspace {
+  std::vector<detail::BatchItem> items;
+  std::vector<detail::BatchMerge> merges;
+  std::vector<float> partials;
+  std::vector<float> scratch;
+  std::vector<std::int32_t> owners;
+};
+
+namespace detail {
+
+// The checked plan of a batched call.
+struct BatchPlan {
+  std::size_t q_heads = 0, kv_heads = 0, group = 0, d = 0, dv = 0;
+  std::size_t rotary_dim = 0;
+  float scale = 1;
+  float softcap = 0;  // 0: none
+  std::vector<float> sinks;
+  std::size_t split = 512;
+  std::size_t threads = 1;
+};
+
+inline std::int64_t new_tokens(const Batch& batch, std::size_t b) noexcept {
+  return batch.q_starts[b + 1] - batch.q_starts[b];
+}
+
+// The batch against q's tokens and the cache's pages: starts, lengths, and
+// every page id a sequence reads inside the pool.
+template <class E>
+void check_batch(const char* fn, const Batch& batch, std::size_t q_tokens, const PagedCache<E>& cache) {
+  if (batch.q_starts == nullptr) fail(fn, "batch.q_starts", "non-null (sequences + 1 entries)", nullptr);
+  if (batch.q_starts[0] != 0) fail(fn, "batch.q_starts[0]", "0", batch.q_starts[0]);
+  if (batch.sequences > 0 && (batch.lengths == nullptr || batch.block_table == nullptr)) {
+    fail(fn, batch.lengths == nullptr ? "batch.lengths" : "batch.block_table", "non-null", nullptr);
+  }
+  const std::size_t ps = cache.k.page_size;
+  for (std::size_t b = 0; b < batch.sequences; ++b) {
+    if (batch.q_starts[b + 1] < batch.q_starts[b]) {
+      fail(fn, indexed("batch.q_starts", b + 1),
+           ">= batch.q_starts[" + to_text(b) + "] = " + to_text(batch.q_starts[b]) + " (starts never decrease)",
+           batch.q_starts[b + 1]);
+    }
+    const std::int64_t n = new_tokens(batch, b), len = batch.lengths[b];
+    if (len < n) {
+      fail(fn, indexed("batch.lengths", b),
+           ">= its new tokens " + to_text(n) + " (the cache holds the new tokens' keys)", len);
+    }
+    const std::uint64_t capacity = static_cast<std::uint64_t>(batch.block_table_stride) * ps;
+    if (static_cast<std::uint64_t>(len) > capacity) {
+      fail(fn, indexed("batch.lengths", b),
+           "<= its pages' slots " + to_text(capacity) + " (batch.block_table_stride * page_size)", len);
+    }
+    const std::size_t pages = (static_cast<std::size_t>(len) + ps - 1) / ps;
+    const std::int32_t* row = batch.block_table + b * batch.block_table_stride;
+    for (std::size_t i = 0; i < pages; ++i) {
+      if (row[i] < 0 || static_cast<std::size_t>(row[i]) >= cache.k.pages) {
+        fail(fn, "batch.block_table[" + to_text(b) + "][" + to_text(i) + "]",
+             "a page id below cache.k.pages = " + to_text(cache.k.pages), row[i]);
+      }
+    }
+  }
+  const std::int64_t last = batch.q_starts[batch.sequences];
+  if (last < 0 || static_cast<std::uint64_t>(last) != q_tokens) {
+    fail(fn, indexed("batch.q_starts", batch.sequences), "q.tokens = " + to_text(q_tokens), last);
+  }
+}
+
+template <class Q, class O, class E>
+BatchPlan check_batch_call(const char* fn, const View<const Q>& q, const PagedCache<E>& cache, const Batch& batch,
+                           const View<O>& out, const BatchOptions& o) {
+  check_cache(fn, cache);
+  rope::detail::check_view(fn, "q", q);
+  rope::detail::check_view(fn, "out", out);
+  rope::detail::check_grouped_heads(fn, "cache.k.heads", cache.k.heads, "q.heads", q.heads);
+  if (q.head_dim != cache.k.head_dim) {
+    fail(fn, "q.head_dim", "cache.k.head_dim = " + to_text(cache.k.head_dim), q.head_dim);
+  }
+  if (out.tokens != q.tokens) fail(fn, "out.tokens", "q.tokens = " + to_text(q.tokens), out.tokens);
+  if (out.heads != q.heads) fail(fn, "out.heads", "q.heads = " + to_text(q.heads), out.heads);
+  if (out.head_dim != cache.v.head_dim) {
+    fail(fn, "out.head_dim", "cache.v.head_dim = " + to_text(cache.v.head_dim), out.head_dim);
+  }
+  rope::detail::check_disjoint(fn, "out", out, "q", q);
+  check_apart(fn, "out", out, "cache.k", cache.k);
+  check_apart(fn, "out", out, "cache.v", cache.v);
+  check_batch(fn, batch, q.tokens, cache);
+  rope::detail::check_threads(fn, "options.threads", o.threads);
+  rope::detail::check_executor(fn, "options.executor.workers", o.executor);
+  if (o.kv_split == 0) fail(fn, "options.kv_split", "at least 1", o.kv_split);
+  BatchPlan plan;
+  plan.q_heads = q.heads;
+  plan.kv_heads = cache.k.heads;
+  plan.group = q.heads / cache.k.heads;
+  plan.d = q.head_dim;
+  plan.dv = cache.v.head_dim;
+  plan.split = o.kv_split;
+  plan.threads = rope::detail::thread_count(o.threads, o.executor);
+  double scale = 1.0 / std::sqrt(static_cast<double>(q.head_dim));
+  if (o.scale) {
+    if (!std::isfinite(*o.scale) || !std::isfinite(static_cast<float>(*o.scale))) {
+      fail(fn, "options.scale", "finite", *o.scale);
+    }
+    scale = *o.scale;
+  }
+  plan.scale = static_cast<float>(scale);
+  if (o.softcap) {
+    const double cap = *o.softcap;
+    if (!(cap > 0) || !std::isfinite(cap) || !std::isfinite(static_cast<float>(cap)) || static_cast<float>(cap) == 0) {
+      fail(fn, "options.softcap", "finite and > 0", cap);
+    }
+    plan.softcap = static_cast<float>(cap);
+  }
+  if (!o.sinks.empty()) {
+    if (o.sinks.size() != q.heads) {
+      fail(fn, "options.sinks.size()", "0 or the query heads " + to_text(q.heads), o.sinks.size());
+    }
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    for (std::size_t h = 0; h < q.heads; ++h) {
+      const float sink = static_cast<float>(o.sinks[h]);
+      if (!std::isfinite(sink) && sink != neg_inf) fail(fn, indexed("options.sinks", h), "finite or -inf", o.sinks[h]);
+    }
+    plan.sinks.assign(o.sinks.begin(), o.sinks.end());
+  }
+  plan.rotary_dim = rotary_width(fn, "options.rotation", o.rotation, q.head_dim);
+  if (o.rotation.table != nullptr) {
+    const std::size_t rows = o.rotation.table->positions();
+    for (std::size_t b = 0; b < batch.sequences; ++b) {
+      const std::int64_t last = batch.lengths[b] - 1;
+      if (new_tokens(batch, b) > 0 && static_cast<std::uint64_t>(last) >= rows) {
+        fail(fn, indexed("batch.lengths", b),
+             "<= options.rotation.table->positions() = " + to_text(rows) + " (its last token's position + 1)",
+             batch.lengths[b]);
+      }
+    }
+  }
+  return plan;
+}
+
+// The keys query position p of a sequence of `length` keys sees: [lo, hi).
+inline void visible_keys(std::int64_t p, std::int64_t length, const BatchOptions& o, std::size_t* lo,
+                         std::size_t* hi) noexcept {
+  const std::int64_t h = o.causal ? std::min(length, p + 1) : length;
+  std::int64_t l = 0;
+  if (o.window > 0 && p - static_cast<std::int64_t>(o.window) + 1 > 0) l = p - static_cast<std::int64_t>(o.window) + 1;
+  *lo = static_cast<std::size_t>(l);
+  *hi = static_cast<std::size_t>(std::max(l, h));
+}
+
+// The items of a call (see the header comment) and the token-heads whose
+// items are merged afterwards; returns the number of partials.
+inline std::size_t plan_items(const Batch& batch, const BatchPlan& plan, const BatchOptions& o, BatchWorkspace& ws) {
+  ws.items.clear();
+  ws.merges.clear();
+  std::size_t partials = 0;
+  for (std::size_t b = 0; b < batch.sequences; ++b) {
+    const std::int64_t n = new_tokens(batch, b), len = batch.lengths[b];
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::size_t t = static_cast<std::size_t>(batch.q_starts[b] + i);
+      std::size_t lo = 0, hi = 0;
+      visible_keys(len - n + i, len, o, &lo, &hi);
+      for (std::size_t g = 0; g < plan.kv_heads; ++g) {
+        const std::size_t first = ws.items.size();
+        if (n == 1) {
+          for (std::size_t k = lo; k < hi;) {
+            const std::size_t end = std::min(hi, (k / plan.split + 1) * plan.split);
+            ws.items.push_back({b, t, g, k, end - k, kDirect});
+            k = end;
+          }
+        } else if (hi > lo) {
+          ws.items.push_back({b, t, g, lo, hi - lo, kDirect});
+        }
+        const std::size_t count = ws.items.size() - first;
+        if (count != 1) {
+          ws.merges.push_back({t, g, first, count});
+          for (std::size_t k = first; k < ws.items.size(); ++k) ws.items[k].partial = partials++;
+        }
+      }
+    }
+  }
+  return partials;
+}
+
+// Writes one output row: dv floats in plane order, unpermuted, rounded once into O.
+template <class E, class O, class Arch>
+void store_out_row(const float* x, std::size_t dv, O* dst, float* tmp) noexcept {
+  unpermute_row<E, Arch>(x, dv, tmp);
+  store_kv_row(tmp, dv, dst, nullptr);
+}
+
+// The per-thread rows of a batched call.
+struct BatchScratch {
+  float* q;       // group x d, plane order
+  float* row;     // max(d, 2 dv): one widened row, or an output row and its copy
+  float* scores;  // group x split
+  float* acc;     // group x dv, plane order
+  float* m;       // group
+  float* l;       // group
+};
+
+inline std::size_t scratch_floats(const BatchPlan& p) noexcept {
+  return p.group * p.d + std::max(p.d, 2 * p.dv) + p.group * p.split + p.group * p.dv + 2 * p.group;
+}
+
+inline BatchScratch scratch_at(float* base, const BatchPlan& p) noexcept {
+  BatchScratch s;
+  s.q = base;
+  s.row = s.q + p.group * p.d;
+  s.scores = s.row + std::max(p.d, 2 * p.dv);
+  s.acc = s.scores + p.group * p.split;
+  s.m = s.acc + p.group * p.dv;
+  s.l = s.m + p.group;
+  return s;
+}
+
+// The final row of query head h from its (max, sum, weighted sum): with the
+// sink in the denominator; zeros for a query that sees no key.
+template <class E, class O, class Arch>
+void finish_row(const BatchPlan& plan, std::size_t h, bool sees, float m, float l, const float* acc, O* dst,
+                float* tmp) noexcept {
+  if (!sees) {
+    for (std::size_t c = 0; c < plan.dv; ++c) tmp[c] = 0.0f;
+    store_kv_row(tmp, plan.dv, dst, nullptr);
+    return;
+  }
+  float num_scale = 1.0f, den = l;
+  if (!plan.sinks.empty() && plan.sinks[h] != -std::numeric_limits<float>::infinity()) {
+    const float sink = plan.sinks[h];
+    const float top = sink > m ? sink : m;
+    num_scale = std::exp(m - top);
+    den = l * num_scale + std::exp(sink - top);
+  }
+  float* row = tmp + plan.dv;
+  for (std::size_t c = 0; c < plan.dv; ++c) row[c] = acc[c] * num_scale / den;
+  store_out_row<E, O, Arch>(row, plan.dv, dst, tmp);
+}
+
+template <class Q, class E, class O, class Arch>
+class BatchRun {
+ public:
+  BatchRun(const View<const Q>& q, const PagedCache<E>& cache, const Batch& batch, const View<O>& out,
+           const BatchOptions& o, const BatchPlan& plan, BatchWorkspace& ws) noexcept
+      : q_(q), cache_(cache), batch_(batch), out_(out), o_(o), plan_(plan), ws_(ws) {}
+
+  // One item: its keys in chunks, then its row written or its partial kept.
+  void item(std::size_t index, BatchScratch s) const noexcept {
+    const BatchItem& it = ws_.items[index];
+    const std::size_t G = plan_.group, d = plan_.d, dv = plan_.dv, S = plan_.split;
+    const std::size_t h0 = it.group * G;
+    const std::int64_t n = new_tokens(batch_, it.sequence), len = batch_.lengths[it.sequence];
+    const std::int64_t pos = len - n + (static_cast<std::int64_t>(it.token) - batch_.q_starts[it.sequence]);
+    for (std::size_t r = 0; r < G; ++r) {
+      widen_row(q_.row(it.token, h0 + r), d, s.row);
+      rotate_at(o_.rotation, plan_.rotary_dim, static_cast<std::size_t>(pos), s.row, s.row, 0, 1, d);
+      permute_row<E, Arch>(s.row, d, s.q + r * d);
+      s.m[r] = -std::numeric_limits<float>::infinity();
+      s.l[r] = 0.0f;
+    }
+    std::fill_n(s.acc, G * dv, 0.0f);
+    const std::int32_t* pages = batch_.block_table + it.sequence * batch_.block_table_stride;
+    const std::size_t ps = cache_.k.page_size;
+    for (std::size_t c0 = it.first_key; c0 < it.first_key + it.keys; c0 += S) {
+      const std::size_t count = std::min(S, it.first_key + it.keys - c0);
+      for (std::size_t i = 0; i < count; ++i) {
+        const std::size_t j = c0 + i;
+        const std::size_t slot = static_cast<std::size_t>(pages[j / ps]) * ps + j % ps;
+        dot_kv<E, Arch>(s.q, d, G, d, cache_.k.row(slot, it.group), s.scores + i, S);
+        const float ks = KvElement<E>::kScaled ? plan_.scale * *cache_.k.scale(slot, it.group) : plan_.scale;
+        for (std::size_t r = 0; r < G; ++r) s.scores[r * S + i] *= ks;
+      }
+      for (std::size_t r = 0; r < G; ++r) {
+        float* sr = s.scores + r * S;
+        if (plan_.softcap > 0.0f) softcap_row<Arch>(sr, count, plan_.softcap);
+        const float mc = max_row(sr, count);
+        const float m_new = mc > s.m[r] ? mc : s.m[r];
+        const float carried = s.m[r] == m_new ? 1.0f : std::exp(s.m[r] - m_new);
+        const float sum = exp_row<Arch>(sr, count, m_new);
+        s.l[r] = s.l[r] * carried + sum;
+        if (carried != 1.0f) {
+          for (std::size_t c = 0; c < dv; ++c) s.acc[r * dv + c] *= carried;
+        }
+        s.m[r] = m_new;
+      }
+      // The weighted values, one run of keys per page.
+      for (std::size_t i = 0; i < count;) {
+        const std::size_t j = c0 + i;
+        const std::size_t run = std::min(count - i, ps - j % ps);
+        const std::size_t slot = static_cast<std::size_t>(pages[j / ps]) * ps + j % ps;
+        const float* scales = KvElement<E>::kScaled ? cache_.v.scale(slot, it.group) : nullptr;
+        weighted_kv<E, Arch>(s.scores + i, S, G, run, cache_.v.row(slot, it.group), cache_.v.token_stride, scales,
+                             cache_.v.heads, dv, s.acc, dv);
+        i += run;
+      }
+    }
+    if (it.partial == kDirect) {
+      for (std::size_t r = 0; r < G; ++r) {
+        finish_row<E, O, Arch>(plan_, h0 + r, true, s.m[r], s.l[r], s.acc + r * dv, out_.row(it.token, h0 + r), s.row);
+      }
+      return;
+    }
+    float* p = partial(it.partial);
+    std::copy(s.acc, s.acc + G * dv, p);
+    std::copy(s.m, s.m + G, p + G * dv);
+    std::copy(s.l, s.l + G, p + G * dv + G);
+  }
+
+  // One token-head of several items (or none): their partials merged in order.
+  void merge(std::size_t index, BatchScratch s) const noexcept {
+    const BatchMerge& mg = ws_.merges[index];
+    const std::size_t G = plan_.group, dv = plan_.dv;
+    const std::size_t h0 = mg.group * G;
+    if (mg.items == 0) {
+      for (std::size_t r = 0; r < G; ++r) {
+        finish_row<E, O, Arch>(plan_, h0 + r, false, 0.0f, 0.0f, s.acc, out_.row(mg.token, h0 + r), s.row);
+      }
+      return;
+    }
+    for (std::size_t r = 0; r < G; ++r) {
+      float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
+      float* acc = s.acc + r * dv;
+      std::fill_n(acc, dv, 0.0f);
+      for (std::size_t k = 0; k < mg.items; ++k) {
+        const float* p = partial(ws_.items[mg.first_item + k].partial);
+        const float pm = p[G * dv + r], pl = p[G * dv + G + r];
+        const float m_new = pm > m ? pm : m;
+        const float carried = m == m_new ? 1.0f : std::exp(m - m_new);
+        const float weight = pm == m_new ? 1.0f : std::exp(pm - m_new);
+        l = l * carried + pl * weight;
+        const float* pa = p + r * dv;
+        for (std::size_t c = 0; c < dv; ++c) acc[c] = acc[c] * carried + pa[c] * weight;
+        m = m_new;
+      }
+      finish_row<E, O, Arch>(plan_, h0 + r, true, m, l, acc, out_.row(mg.token, h0 + r), s.row);
+    }
+  }
+
+ private:
+  float* partial(std::size_t i) const noexcept { return ws_.partials.data() + i * plan_.group * (plan_.dv + 2); }
+
+  View<const Q> q_;
+  PagedCache<E> cache_;
+  Batch batch_;
+  View<O> out_;
+  const BatchOptions& o_;
+  const BatchPlan& plan_;
+  BatchWorkspace& ws_;
+};
+
+// The attention of a checked call.
+template <class Q, class E, class O, class Arch = xsimd::default_arch>
+void run_batch(const View<const Q>& q, const PagedCache<E>& cache, const Batch& batch, const View<O>& out,
+               const BatchOptions& o, const BatchPlan& plan, BatchWorkspace& ws) {
+  const std::size_t partials = plan_items(batch, plan, o, ws);
+  ws.partials.resize(partials * plan.group * (plan.dv + 2));
+  const std::size_t workers = std::max<std::size_t>(1, plan.threads);
+  const std::size_t per = scratch_floats(plan);
+  ws.scratch.resize(workers * per);
+  const BatchRun<Q, E, O, Arch> run(q, cache, batch, out, o, plan, ws);
+  float* base = ws.scratch.data();
+  parallel_for(ws.items.size(), plan.threads, o.executor,
+               [&](std::size_t i, std::size_t w) { run.item(i, scratch_at(base + w * per, plan)); });
+  parallel_for(ws.merges.size(), plan.threads, o.executor,
+               [&](std::size_t i, std::size_t w) { run.merge(i, scratch_at(base + w * per, plan)); });
+}
+
+}  // namespace detail
+
+// Attention for a batch of sequences over a paged cache that already holds
+// their new tokens' keys and values (write_slots, or the caller's own
+// projection). q and out: [tokens, q_heads, head_dim] views, the tokens of
+// sequence b at batch.q_starts[b] ..; out's head_dim is the cache's V
+// head_dim. Everything is checked before out is written; nothing else is
+// written.
+template <class QV, class E, class O>
+void softmax_batch(const View<QV>& q_view, const PagedCache<E>& cache, const Batch& batch, View<O> out,
+                   const BatchOptions& options = {}, BatchWorkspace* workspace = nullptr) {
+  using Q = std::remove_const_t<QV>;
+  const View<const Q> q(q_view);
+  detail::check_kv_element<E>();
+  detail::check_row_type<Q>();
+  detail::check_row_type<O>();
+  const char* fn = "rope::attention::softmax_batch";
+  const detail::BatchPlan plan = detail::check_batch_call(fn, q, cache, batch, out, options);
+  BatchWorkspace local;
+  detail::run_batch<Q, E, O>(q, cache, batch, out, options, plan, workspace != nullptr ? *workspace : local);
+}
+
+// One step of a batch: writes each sequence's new K and V rows (k_new, v_new:
+// [tokens, kv_heads, head_dim], packed like q) into the slots of their
+// positions (new token i of sequence b at position lengths[b] - n_b + i, in
+// the page block_table[b][position / page_size]), K rotated there by
+// options.rotation, then attends as softmax_batch. Refused before anything
+// is written, besides softmax_batch's refusals: a new token's slot inside a
+// page that another sequence of the batch reads (a shared prefix page must
+// be copied before a sequence writes into it), and K/V views that overlap
+// the cache other than at their own slots.
+template <class QV, class E, class O>
+void softmax_batch_step(const View<QV>& q_view, const View<QV>& k_view, const View<QV>& v_view,
+                        const PagedCache<E>& cache, const Batch& batch, View<O> out, const BatchOptions& options = {},
+                        BatchWorkspace* workspace = nullptr) {
+  using Q = std::remove_const_t<QV>;
+  const View<const Q> q(q_view), k_new(k_view), v_new(v_view);
+  detail::check_kv_element<E>();
+  detail::check_row_type<Q>();
+  detail::check_row_type<O>();
+  const char* fn = "rope::attention::softmax_batch_step";
+  const detail::BatchPlan plan = detail::check_batch_call(fn, q, cache, batch, out, options);
+  if (k_new.tokens != q.tokens)
+    detail::fail(fn, "k_new.tokens", "q.tokens = " + detail::to_text(q.tokens), k_new.tokens);
+  if (v_new.tokens != q.tokens)
+    detail::fail(fn, "v_new.tokens", "q.tokens = " + detail::to_text(q.tokens), v_new.tokens);
+  BatchWorkspace local;
+  BatchWorkspace& ws = workspace != nullptr ? *workspace : local;
+  // Who reads each page: a sequence id, or -2 for two or more.
+  const std::size_t ps = cache.k.page_size;
+  ws.owners.assign(cache.k.pages, -1);
+  for (std::size_t b = 0; b < batch.sequences; ++b) {
+    const std::size_t pages = (static_cast<std::size_t>(batch.lengths[b]) + ps - 1) / ps;
+    const std::int32_t* row = batch.block_table + b * batch.block_table_stride;
+    for (std::size_t i = 0; i < pages; ++i) {
+      std::int32_t& owner = ws.owners[static_cast<std::size_t>(row[i])];
+      owner = owner == -1 || owner == static_cast<std::int32_t>(b) ? static_cast<std::int32_t>(b) : -2;
+    }
+  }
+  std::vector<std::int64_t> slots(q.tokens), positions(q.tokens);
+  for (std::size_t b = 0; b < batch.sequences; ++b) {
+    const std::int64_t n = detail::new_tokens(batch, b), len = batch.lengths[b];
+    const std::int32_t* row = batch.block_table + b * batch.block_table_stride;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::size_t t = static_cast<std::size_t>(batch.q_starts[b] + i);
+      const std::size_t p = static_cast<std::size_t>(len - n + i);
+      const std::int32_t page = row[p / ps];
+      if (ws.owners[static_cast<std::size_t>(page)] != static_cast<std::int32_t>(b)) {
+        detail::fail(
+            fn, "batch.block_table[" + detail::to_text(b) + "][" + detail::to_text(p / ps) + "]",
+            "a page no other sequence of the batch reads (new token " + detail::to_text(t) + " is written there)",
+            page);
+      }
+      slots[t] = static_cast<std::int64_t>(static_cast<std::size_t>(page) * ps + p % ps);
+      positions[t] = static_cast<std::int64_t>(p);
+    }
+  }
+  detail::check_new_rows(fn, "k_new", View<const Q>(k_new), "cache.k", cache.k, slots.data());
+  detail::check_new_rows(fn, "v_new", View<const Q>(v_new), "cache.v", cache.v, slots.data());
+  detail::check_apart(fn, "k_new", k_new, "cache.v", cache.v);
+  detail::check_apart(fn, "v_new", v_new, "cache.k", cache.k);
+  rope::detail::check_disjoint(fn, "out", out, "k_new", k_new);
+  rope::detail::check_disjoint(fn, "out", out, "v_new", v_new);
+  // The only writes before the attention, after every check.
+  std::vector<float> row(std::max(plan.d, plan.dv));
+  for (std::size_t t = 0; t < q.tokens; ++t) {
+    detail::write_token(View<const Q>(k_new), View<const Q>(v_new), t, static_cast<std::size_t>(slots[t]), cache,
+                        options.rotation, plan.rotary_dim, positions[t], row.data());
+  }
+  detail::run_batch<Q, E, O>(q, cache, batch, out, options, plan, ws);
+}
+
+}  // namespace rope::attention

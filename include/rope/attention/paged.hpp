@@ -1,0 +1,300 @@
+// rope/attention/paged.hpp — a paged KV cache and its writer.
+//
+// A PagePool holds fixed-size pages of cache rows for K or for V, of an
+// element type E (KvElement: float, BFloat16, Float16, std::int8_t). Row
+// (page p, offset o, head h) is at
+//
+//   data + p * page_stride + o * token_stride + h * head_stride
+//
+// so a pool is [pages, page_size, heads, head_dim] (nhd(), what vLLM and
+// FlashInfer call NHD) or [pages, heads, page_size, head_dim] (hnd()), or
+// any other strides whose rows do not overlap. A slot names a row by page and
+// offset: slot = page * page_size + offset. An int8 pool has one float scale
+// per (slot, head), at scales[slot * heads + h]: the row holds q with x = s q
+// (kernels/kv_rows.hpp, store_kv_row). A contiguous cache of one sequence is
+// a pool of one page of its capacity.
+//
+// A sequence's keys 0 .. length-1 are the slots block_table[j / page_size] *
+// page_size + j % page_size (batch.hpp). Pages may be shared read-only by
+// several sequences (a common prefix).
+//
+// write_slots writes new K and V rows by slot mapping (slot -1: skip), each
+// value rounded once into E, K rotated at its position first when asked:
+// what an engine calls after its K/V projection (vLLM's reshape_and_cache).
+// Every argument is checked before anything is written.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "../kernels/kv_rows.hpp"
+#include "../tensor/checks.hpp"
+#include "../tensor/view_checks.hpp"
+#include "rows.hpp"
+#include "types.hpp"
+
+namespace rope::attention {
+
+template <class E>
+struct PagePool {
+  E* data = nullptr;
+  float* scales = nullptr;  // int8 only: pages * page_size * heads, at slot * heads + h
+  std::size_t pages = 0;
+  std::size_t page_size = 0;
+  std::size_t heads = 0;
+  std::size_t head_dim = 0;
+  std::size_t page_stride = 0;  // in elements
+  std::size_t token_stride = 0;
+  std::size_t head_stride = 0;
+
+  // [pages, page_size, heads, head_dim], dense.
+  static PagePool nhd(E* data, std::size_t pages, std::size_t page_size, std::size_t heads, std::size_t head_dim,
+                      float* scales = nullptr) noexcept {
+    return {data, scales, pages, page_size, heads, head_dim, page_size * heads * head_dim, heads * head_dim, head_dim};
+  }
+  // [pages, heads, page_size, head_dim], dense.
+  static PagePool hnd(E* data, std::size_t pages, std::size_t page_size, std::size_t heads, std::size_t head_dim,
+                      float* scales = nullptr) noexcept {
+    return {
+        data, scales, pages, page_size, heads, head_dim, page_size * heads * head_dim, head_dim, page_size * head_dim};
+  }
+
+  std::size_t slots() const noexcept { return pages * page_size; }
+  // Unchecked: slot < slots(), h < heads.
+  E* row(std::size_t slot, std::size_t h) const noexcept {
+    return data + (slot / page_size) * page_stride + (slot % page_size) * token_stride + h * head_stride;
+  }
+  float* scale(std::size_t slot, std::size_t h) const noexcept { return scales + slot * heads + h; }
+  // Page p's rows as a View of page_size tokens (unchecked: p < pages).
+  View<E> page(std::size_t p) const noexcept {
+    return View<E>(data + p * page_stride, page_size, heads, head_dim, token_stride, head_stride);
+  }
+};
+
+template <class E>
+struct PagedCache {
+  PagePool<E> k, v;
+};
+
+namespace detail {
+
+using rope::detail::field;
+
+template <class E>
+constexpr void check_kv_element() noexcept {
+  static_assert(KvElement<E>::kSupported,
+                "rope::attention: a KV cache holds float, rope::BFloat16, rope::Float16 or std::int8_t");
+}
+
+template <class T>
+constexpr void check_row_type() noexcept {
+  static_assert(std::is_same<T, float>::value || std::is_same<T, BFloat16>::value || std::is_same<T, Float16>::value,
+                "rope::attention: query, new key/value and output rows are float, rope::BFloat16 or rope::Float16");
+}
+
+// The elements a pool spans from data (its last row's end).
+template <class E>
+std::size_t pool_span(const PagePool<E>& p) noexcept {
+  if (p.pages == 0 || p.page_size == 0 || p.heads == 0) return 0;
+  return (p.pages - 1) * p.page_stride + (p.page_size - 1) * p.token_stride + (p.heads - 1) * p.head_stride +
+         p.head_dim;
+}
+
+// A pool alone: sizes, rows that do not overlap, pages that do not overlap,
+// scales set exactly when E is int8.
+template <class E>
+void check_pool(const char* fn, const char* name, const PagePool<E>& p) {
+  if (p.pages == 0) fail(fn, field(name, "pages"), "at least 1", p.pages);
+  if (p.page_size == 0) fail(fn, field(name, "page_size"), "at least 1", p.page_size);
+  if (p.heads == 0) fail(fn, field(name, "heads"), "at least 1", p.heads);
+  rope::detail::check_view(fn, name, p.page(0));
+  const std::size_t span = (p.page_size - 1) * p.token_stride + (p.heads - 1) * p.head_stride + p.head_dim;
+  if (p.pages > 1) {
+    if (p.page_stride < span) {
+      fail(fn, field(name, "page_stride"), ">= " + to_text(span) + " (pages would overlap)", p.page_stride);
+    }
+    if (rope::detail::product_above(p.page_stride, p.pages, rope::detail::kMaxViewBytes / sizeof(E))) {
+      fail(fn, field(name, "page_stride"), "small enough to stay inside the address range", p.page_stride);
+    }
+  }
+  if (KvElement<E>::kScaled && p.scales == nullptr) {
+    fail(fn, field(name, "scales"), "non-null for an int8 pool (one scale per slot and head)", nullptr);
+  }
+  if (!KvElement<E>::kScaled && p.scales != nullptr) {
+    fail(fn, field(name, "scales"), "null: only an int8 pool has scales", "set");
+  }
+}
+
+template <class E>
+void check_cache(const char* fn, const PagedCache<E>& c) {
+  check_pool(fn, "cache.k", c.k);
+  check_pool(fn, "cache.v", c.v);
+  if (c.v.pages != c.k.pages) fail(fn, "cache.v.pages", "cache.k.pages = " + to_text(c.k.pages), c.v.pages);
+  if (c.v.page_size != c.k.page_size) {
+    fail(fn, "cache.v.page_size", "cache.k.page_size = " + to_text(c.k.page_size), c.v.page_size);
+  }
+  if (c.v.heads != c.k.heads) fail(fn, "cache.v.heads", "cache.k.heads = " + to_text(c.k.heads), c.v.heads);
+}
+
+// Whether [a, a + an) and [b, b + bn) (elements of A and B) share a byte.
+template <class A, class B>
+bool bytes_overlap(const A* a, std::size_t an, const B* b, std::size_t bn) noexcept {
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a), b0 = reinterpret_cast<std::uintptr_t>(b);
+  const std::uintptr_t a1 = a0 + an * sizeof(A), b1 = b0 + bn * sizeof(B);
+  return an > 0 && bn > 0 && a0 < b1 && b0 < a1;
+}
+
+template <class T>
+std::size_t view_span(const View<T>& v) noexcept {
+  if (v.tokens == 0 || v.heads == 0) return 0;
+  return (v.tokens - 1) * v.token_stride + (v.heads - 1) * v.head_stride + v.head_dim;
+}
+
+// A view that must not share memory with a pool (nor with its scales).
+template <class T, class E>
+void check_apart(const char* fn, const char* name, const View<T>& v, const char* pool_name, const PagePool<E>& p) {
+  const std::size_t span = view_span(v);
+  if (bytes_overlap(v.data, span, p.data, pool_span(p)) ||
+      (p.scales != nullptr && bytes_overlap(v.data, span, p.scales, p.slots() * p.heads))) {
+    fail(fn, name, std::string("memory apart from ") + pool_name, "overlapping");
+  }
+}
+
+// Rows of a view of new keys or values (tokens x heads x head_dim) checked
+// against a pool: same heads and head_dim, and apart from it, unless every
+// row of the view already is the row of its own slot (the projection wrote
+// into the cache: the write leaves it as it is, or rotates it in place).
+template <class In, class E>
+void check_new_rows(const char* fn, const char* name, const View<const In>& x, const char* pool_name,
+                    const PagePool<E>& p, const std::int64_t* slots) {
+  rope::detail::check_view(fn, name, x);
+  if (x.heads != p.heads) fail(fn, field(name, "heads"), field(pool_name, "heads") + " = " + to_text(p.heads), x.heads);
+  if (x.head_dim != p.head_dim) {
+    fail(fn, field(name, "head_dim"), field(pool_name, "head_dim") + " = " + to_text(p.head_dim), x.head_dim);
+  }
+  const std::size_t span = view_span(x);
+  if (p.scales != nullptr && bytes_overlap(x.data, span, p.scales, p.slots() * p.heads)) {
+    fail(fn, name, field(pool_name, "scales") + " apart", "overlapping");
+  }
+  if (!bytes_overlap(x.data, span, p.data, pool_span(p))) return;
+  bool in_place = std::is_same<In, E>::value;
+  for (std::size_t t = 0; t < x.tokens && in_place; ++t) {
+    for (std::size_t h = 0; h < x.heads && in_place; ++h) {
+      in_place = slots[t] >= 0 && static_cast<const void*>(x.row(t, h)) ==
+                                      static_cast<const void*>(p.row(static_cast<std::size_t>(slots[t]), h));
+    }
+  }
+  if (!in_place) {
+    fail(fn, name,
+         std::string("apart from ") + pool_name + ", or each row the row of its own slot (already in the cache)",
+         "overlapping");
+  }
+}
+
+// Slots: each -1 or inside the pool, no slot twice.
+inline void check_slots(const char* fn, const char* name, const std::int64_t* slots, std::size_t n,
+                        std::size_t pool_slots) {
+  if (n > 0 && slots == nullptr) fail(fn, name, "non-null for " + to_text(n) + " new tokens", nullptr);
+  std::vector<std::int64_t> seen;
+  seen.reserve(n);
+  for (std::size_t t = 0; t < n; ++t) {
+    const std::int64_t s = slots[t];
+    if (s < -1 || (s >= 0 && static_cast<std::uint64_t>(s) >= pool_slots)) {
+      fail(fn, indexed(name, t), "-1 (skip) or a slot below the pool's " + to_text(pool_slots), s);
+    }
+    if (s >= 0) seen.push_back(s);
+  }
+  std::sort(seen.begin(), seen.end());
+  const auto twice = std::adjacent_find(seen.begin(), seen.end());
+  if (twice != seen.end()) {
+    std::size_t first = 0;
+    while (slots[first] != *twice) ++first;
+    fail(fn, indexed(name, first), "a slot no other new token writes", *twice);
+  }
+}
+
+// The float values of one row of In.
+template <class In>
+void widen_row(const In* x, std::size_t n, float* out) noexcept {
+  for (std::size_t c = 0; c < n; ++c) out[c] = rope::detail::widen_value(x[c]);
+}
+
+// Writes token t's K rows (rotated at position m when rotation has a table)
+// and V rows into slot s of the cache, each value rounded once into E.
+// scratch holds head_dim floats.
+template <class In, class E>
+void write_token(const View<const In>& k, const View<const In>& v, std::size_t t, std::size_t s,
+                 const PagedCache<E>& cache, const Rotation<float>& rotation, std::size_t rotary_dim, std::int64_t m,
+                 float* scratch) noexcept {
+  for (std::size_t h = 0; h < k.heads; ++h) {
+    widen_row(k.row(t, h), k.head_dim, scratch);
+    rotate_at(rotation, rotary_dim, static_cast<std::size_t>(m), scratch, scratch, 0, 1, k.head_dim);
+    store_kv_row(scratch, k.head_dim, cache.k.row(s, h), KvElement<E>::kScaled ? cache.k.scale(s, h) : nullptr);
+  }
+  for (std::size_t h = 0; h < v.heads; ++h) {
+    widen_row(v.row(t, h), v.head_dim, scratch);
+    store_kv_row(scratch, v.head_dim, cache.v.row(s, h), KvElement<E>::kScaled ? cache.v.scale(s, h) : nullptr);
+  }
+}
+
+}  // namespace detail
+
+// How write_slots rotates K: with rotation.table set, token t's K rows are
+// rotated at positions[t] (positions: one per new token, inside the table)
+// before they are rounded into the cache. Without a table, K is written as
+// given (already rotated, or a model without RoPE on that layer).
+struct WriteOptions {
+  Rotation<float> rotation;
+  const std::int64_t* positions = nullptr;
+};
+
+// Writes new tokens' K and V rows ([tokens, kv_heads, head_dim] views of
+// float, BFloat16 or Float16) into the cache's slots: token t into slots[t],
+// or nowhere when slots[t] == -1. Each value is rounded once into E (int8:
+// quantized with its vector's scale, written beside it). Refused, before
+// anything is written: a slot outside the pool, two tokens on one slot, rows
+// that do not fit the pools, views that overlap the pools (except rows that
+// already are their own slot's row: the projection wrote them into the
+// cache; they are left as they are, or rotated in place), positions outside
+// the table.
+template <class InV, class E>
+void write_slots(const View<InV>& k_view, const View<InV>& v_view, const std::int64_t* slots,
+                 const PagedCache<E>& cache, const WriteOptions& options = {}) {
+  using In = std::remove_const_t<InV>;
+  const View<const In> k_new(k_view), v_new(v_view);
+  detail::check_kv_element<E>();
+  detail::check_row_type<In>();
+  const char* fn = "rope::attention::write_slots";
+  detail::check_cache(fn, cache);
+  if (v_new.tokens != k_new.tokens) {
+    detail::fail(fn, "v_new.tokens", "k_new.tokens = " + detail::to_text(k_new.tokens), v_new.tokens);
+  }
+  const std::size_t n = k_new.tokens;
+  detail::check_slots(fn, "slots", slots, n, cache.k.slots());
+  detail::check_new_rows(fn, "k_new", k_new, "cache.k", cache.k, slots);
+  detail::check_new_rows(fn, "v_new", v_new, "cache.v", cache.v, slots);
+  detail::check_apart(fn, "k_new", k_new, "cache.v", cache.v);
+  detail::check_apart(fn, "v_new", v_new, "cache.k", cache.k);
+  const std::size_t rotary_dim = detail::rotary_width(fn, "options.rotation", options.rotation, k_new.head_dim);
+  if (options.rotation.table != nullptr) {
+    if (n > 0 && options.positions == nullptr) {
+      detail::fail(fn, "options.positions", "non-null when options.rotation has a table", nullptr);
+    }
+    rope::detail::check_positions(fn, rope::Positions(options.positions), n, options.rotation.table->positions(),
+                                  {"options.positions", "options.positions"});
+  }
+  std::vector<float> scratch(std::max(k_new.head_dim, v_new.head_dim));
+  for (std::size_t t = 0; t < n; ++t) {
+    if (slots[t] < 0) continue;
+    const std::int64_t m = options.rotation.table != nullptr ? options.positions[t] : 0;
+    detail::write_token(View<const In>(k_new), View<const In>(v_new), t, static_cast<std::size_t>(slots[t]), cache,
+                        options.rotation, rotary_dim, m, scratch.data());
+  }
+}
+
+}  // namespace rope::attention

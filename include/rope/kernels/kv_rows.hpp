@@ -1,0 +1,354 @@
+// rope/kernels/kv_rows.hpp — attention's rows over a KV cache stored as
+// float, bfloat16, float16 or int8: the dot products of query rows with a
+// key, the weighted sums of values, and the softmax of one row of scores.
+//
+// Arithmetic is in float. A stored value is widened exactly (int8 before its
+// scale, which the caller applies: q . (s k) = s (q . k)). A 32-bit SIMD lane
+// holds P stored values (1 for float, 2 for the 16-bit types, 4 for int8);
+// loaded as 32-bit lanes, value P*i + k of a block of W = P * lanes values
+// lands in lane i of "plane" k. Instead of shuffling every key and value
+// back into channel order, the query rows and the accumulators are kept in
+// that plane order (permute_row / unpermute_row, once per row and call):
+//
+//   channel base + P*i + k  (base a multiple of W, below d - d % W)
+//     is stored at  base + k * lanes + i;  channels past d - d % W stay put.
+//
+// so every load of the cache is one plain vector load, whatever the type,
+// instruction set or xsimd version. Written once, templated on the element
+// type E and the xsimd architecture Arch, on detail::mul_add (one rounding
+// per product where Arch has fused multiply-adds).
+//
+// Rounding, against the scalar twins of reference.hpp (which work in channel
+// order): weighted_kv adds value after value in order, one fused multiply-add
+// per channel, with the weight rounded once (w * scale for int8): bit for bit
+// the same as reference::weighted_kv where Arch has fused multiply-adds.
+// dot_kv keeps one partial sum per lane and plane and adds them at the end:
+// within d * eps * sum_c |q_c k_c| of reference::dot_kv.
+//
+// Preconditions (unchecked; the attention module checks its arguments):
+// query rows hold d floats in plane order, key and value rows d (dv) stored
+// values; accumulator rows hold dv floats in plane order and overlap nothing.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include <xsimd/xsimd.hpp>
+
+#include "../detail/half_lanes.hpp"
+#include "../detail/simd.hpp"
+#include "../half.hpp"
+
+namespace rope {
+
+// The element types a KV cache may hold: float, BFloat16, Float16 and
+// std::int8_t (with one float scale per token and key/value head).
+template <class E>
+struct KvElement {
+  static constexpr bool kSupported = false;
+};
+template <>
+struct KvElement<float> {
+  static constexpr bool kSupported = true;
+  static constexpr std::size_t kPerLane = 1;  // stored values per 32-bit lane
+  static constexpr bool kScaled = false;
+};
+template <>
+struct KvElement<BFloat16> {
+  static constexpr bool kSupported = true;
+  static constexpr std::size_t kPerLane = 2;
+  static constexpr bool kScaled = false;
+};
+template <>
+struct KvElement<Float16> {
+  static constexpr bool kSupported = true;
+  static constexpr std::size_t kPerLane = 2;
+  static constexpr bool kScaled = false;
+};
+template <>
+struct KvElement<std::int8_t> {
+  static constexpr bool kSupported = true;
+  static constexpr std::size_t kPerLane = 4;
+  static constexpr bool kScaled = true;
+};
+
+namespace detail {
+
+// The P planes of W stored values at p, widened to float lanes.
+template <class E, class Arch>
+struct KvPlanes;
+
+template <class Arch>
+struct KvPlanes<float, Arch> {
+  using F = xsimd::batch<float, Arch>;
+  static void load(const float* p, F* out) noexcept { out[0] = F::load_unaligned(p); }
+};
+
+template <class Arch>
+struct KvPlanes<BFloat16, Arch> {
+  using F = xsimd::batch<float, Arch>;
+  using U = xsimd::batch<std::uint32_t, Arch>;
+  static void load(const BFloat16* p, F* out) noexcept {
+    const U u = U::load_unaligned(reinterpret_cast<const std::uint32_t*>(p));
+    out[0] = BFloat16Lanes<Arch>::low(u);
+    out[1] = BFloat16Lanes<Arch>::high(u);
+  }
+};
+
+template <class Arch>
+struct KvPlanes<Float16, Arch> {
+  using F = xsimd::batch<float, Arch>;
+  using U = xsimd::batch<std::uint32_t, Arch>;
+  static void load(const Float16* p, F* out) noexcept {
+    const U u = U::load_unaligned(reinterpret_cast<const std::uint32_t*>(p));
+    out[0] = Float16Lanes<Arch>::low(u);
+    out[1] = Float16Lanes<Arch>::high(u);
+  }
+};
+
+// int8 k of a lane: its byte, offset by 128 (x + 128 = byte ^ 0x80), under
+// the exponent of 2^23, minus 2^23 + 128: exact, with unsigned lanes only.
+template <class Arch>
+struct KvPlanes<std::int8_t, Arch> {
+  using F = xsimd::batch<float, Arch>;
+  using U = xsimd::batch<std::uint32_t, Arch>;
+  static void load(const std::int8_t* p, F* out) noexcept {
+    const U u = U::load_unaligned(reinterpret_cast<const std::uint32_t*>(p));
+    const F offset(8388736.0f);
+    out[0] = as_float((u & U(0xffu)) ^ U(0x4b000080u)) - offset;
+    out[1] = as_float(((u >> 8) & U(0xffu)) ^ U(0x4b000080u)) - offset;
+    out[2] = as_float(((u >> 16) & U(0xffu)) ^ U(0x4b000080u)) - offset;
+    out[3] = as_float((u >> 24) ^ U(0x4b000080u)) - offset;
+  }
+};
+
+template <class E, class Arch>
+constexpr std::size_t kv_block() noexcept {
+  return KvElement<E>::kPerLane * xsimd::batch<float, Arch>::size;
+}
+
+// Rows of query rows handled together: their sums in registers while a key
+// or value streams past once.
+template <class E>
+constexpr std::size_t kv_row_group() noexcept {
+  return KvElement<E>::kPerLane >= 4 ? 2 : KvElement<E>::kPerLane == 2 ? 4 : 8;
+}
+
+template <std::size_t R, class E, class Arch>
+void dot_kv_group(const float* q, std::size_t q_stride, std::size_t d, const E* key, float* scores,
+                  std::size_t score_stride) noexcept {
+  using F = xsimd::batch<float, Arch>;
+  constexpr std::size_t lanes = F::size;
+  constexpr std::size_t P = KvElement<E>::kPerLane;
+  constexpr std::size_t W = P * lanes;
+  const std::size_t full = d - d % W;
+  F sum[R][P];
+  for (std::size_t r = 0; r < R; ++r) {
+    for (std::size_t k = 0; k < P; ++k) sum[r][k] = F(0.0f);
+  }
+  for (std::size_t base = 0; base < full; base += W) {
+    F planes[P];
+    KvPlanes<E, Arch>::load(key + base, planes);
+    for (std::size_t r = 0; r < R; ++r) {
+      const float* qr = q + r * q_stride + base;
+      for (std::size_t k = 0; k < P; ++k) sum[r][k] = mul_add(F::load_unaligned(qr + k * lanes), planes[k], sum[r][k]);
+    }
+  }
+  for (std::size_t r = 0; r < R; ++r) {
+    F total = sum[r][0];
+    for (std::size_t k = 1; k < P; ++k) total = total + sum[r][k];
+    float t = sum_lanes(total);
+    const float* qr = q + r * q_stride;
+    for (std::size_t c = full; c < d; ++c) t = std::fma(qr[c], widen_value(key[c]), t);
+    scores[r * score_stride] = t;
+  }
+}
+
+template <std::size_t R, class E, class Arch>
+void weighted_kv_group(const float* weights, std::size_t weight_stride, std::size_t n, const E* values,
+                       std::size_t value_stride, const float* value_scales, std::size_t scale_stride, std::size_t dv,
+                       float* acc, std::size_t acc_stride) noexcept {
+  using F = xsimd::batch<float, Arch>;
+  constexpr std::size_t lanes = F::size;
+  constexpr std::size_t P = KvElement<E>::kPerLane;
+  constexpr std::size_t W = P * lanes;
+  const std::size_t full = dv - dv % W;
+  for (std::size_t base = 0; base < full; base += W) {
+    F a[R][P];
+    for (std::size_t r = 0; r < R; ++r) {
+      for (std::size_t k = 0; k < P; ++k) a[r][k] = F::load_unaligned(acc + r * acc_stride + base + k * lanes);
+    }
+    for (std::size_t j = 0; j < n; ++j) {
+      F planes[P];
+      KvPlanes<E, Arch>::load(values + j * value_stride + base, planes);
+      for (std::size_t r = 0; r < R; ++r) {
+        const float w = weights[r * weight_stride + j];
+        const F wb(value_scales != nullptr ? w * value_scales[j * scale_stride] : w);
+        for (std::size_t k = 0; k < P; ++k) a[r][k] = mul_add(wb, planes[k], a[r][k]);
+      }
+    }
+    for (std::size_t r = 0; r < R; ++r) {
+      for (std::size_t k = 0; k < P; ++k) a[r][k].store_unaligned(acc + r * acc_stride + base + k * lanes);
+    }
+  }
+  for (std::size_t r = 0; r < R; ++r) {
+    float* ar = acc + r * acc_stride;
+    for (std::size_t j = 0; j < n; ++j) {
+      const float w = weights[r * weight_stride + j];
+      const float wj = value_scales != nullptr ? w * value_scales[j * scale_stride] : w;
+      const E* x = values + j * value_stride;
+      for (std::size_t c = full; c < dv; ++c) ar[c] = std::fma(wj, widen_value(x[c]), ar[c]);
+    }
+  }
+}
+
+}  // namespace detail
+
+// out = the d floats of x in plane order for E on Arch (out != x).
+template <class E, class Arch = xsimd::default_arch>
+void permute_row(const float* x, std::size_t d, float* out) noexcept {
+  constexpr std::size_t lanes = xsimd::batch<float, Arch>::size;
+  constexpr std::size_t P = KvElement<E>::kPerLane;
+  constexpr std::size_t W = P * lanes;
+  const std::size_t full = d - d % W;
+  for (std::size_t base = 0; base < full; base += W) {
+    for (std::size_t i = 0; i < lanes; ++i) {
+      for (std::size_t k = 0; k < P; ++k) out[base + k * lanes + i] = x[base + P * i + k];
+    }
+  }
+  for (std::size_t c = full; c < d; ++c) out[c] = x[c];
+}
+
+// The inverse of permute_row: out = x back in channel order (out != x).
+template <class E, class Arch = xsimd::default_arch>
+void unpermute_row(const float* x, std::size_t d, float* out) noexcept {
+  constexpr std::size_t lanes = xsimd::batch<float, Arch>::size;
+  constexpr std::size_t P = KvElement<E>::kPerLane;
+  constexpr std::size_t W = P * lanes;
+  const std::size_t full = d - d % W;
+  for (std::size_t base = 0; base < full; base += W) {
+    for (std::size_t i = 0; i < lanes; ++i) {
+      for (std::size_t k = 0; k < P; ++k) out[base + P * i + k] = x[base + k * lanes + i];
+    }
+  }
+  for (std::size_t c = full; c < d; ++c) out[c] = x[c];
+}
+
+// scores[r * score_stride] = q_r . key for `rows` query rows (row r at
+// q + r * q_stride, d floats in plane order) and one key of d stored values
+// (int8: before its scale).
+template <class E, class Arch = xsimd::default_arch>
+void dot_kv(const float* q, std::size_t q_stride, std::size_t rows, std::size_t d, const E* key, float* scores,
+            std::size_t score_stride) noexcept {
+  constexpr std::size_t G = detail::kv_row_group<E>();
+  std::size_t r = 0;
+  for (; r + G <= rows; r += G) {
+    detail::dot_kv_group<G, E, Arch>(q + r * q_stride, q_stride, d, key, scores + r * score_stride, score_stride);
+  }
+  for (; r < rows; ++r) {
+    detail::dot_kv_group<1, E, Arch>(q + r * q_stride, q_stride, d, key, scores + r * score_stride, score_stride);
+  }
+}
+
+// acc_r += sum_j w_rj * value_j for `rows` rows and n values, value j at
+// values + j * value_stride (dv stored values), w_rj = weights[r *
+// weight_stride + j] times value_scales[j * scale_stride] when value_scales
+// is set (int8),
+// rounded once; acc row r at acc + r * acc_stride, dv floats in plane order.
+template <class E, class Arch = xsimd::default_arch>
+void weighted_kv(const float* weights, std::size_t weight_stride, std::size_t rows, std::size_t n, const E* values,
+                 std::size_t value_stride, const float* value_scales, std::size_t scale_stride, std::size_t dv,
+                 float* acc, std::size_t acc_stride) noexcept {
+  constexpr std::size_t G = detail::kv_row_group<E>();
+  std::size_t r = 0;
+  for (; r + G <= rows; r += G) {
+    detail::weighted_kv_group<G, E, Arch>(weights + r * weight_stride, weight_stride, n, values, value_stride,
+                                          value_scales, scale_stride, dv, acc + r * acc_stride, acc_stride);
+  }
+  for (; r < rows; ++r) {
+    detail::weighted_kv_group<1, E, Arch>(weights + r * weight_stride, weight_stride, n, values, value_stride,
+                                          value_scales, scale_stride, dv, acc + r * acc_stride, acc_stride);
+  }
+}
+
+// The largest of n scores, NaNs skipped (-inf for n = 0 or all NaN).
+inline float max_row(const float* s, std::size_t n) noexcept {
+  float m = -std::numeric_limits<float>::infinity();
+  for (std::size_t j = 0; j < n; ++j) m = s[j] > m ? s[j] : m;
+  return m;
+}
+
+// s_j <- exp(s_j - m) for n scores; returns their sum, added lane by lane
+// and then across lanes. A NaN score makes its weight and the sum NaN.
+template <class Arch = xsimd::default_arch>
+float exp_row(float* s, std::size_t n, float m) noexcept {
+  using F = xsimd::batch<float, Arch>;
+  constexpr std::size_t lanes = F::size;
+  const std::size_t full = n - n % lanes;
+  const F mb(m);
+  F total(0.0f);
+  for (std::size_t j = 0; j < full; j += lanes) {
+    const F e = xsimd::exp(F::load_unaligned(s + j) - mb);
+    e.store_unaligned(s + j);
+    total = total + e;
+  }
+  float t = detail::sum_lanes(total);
+  for (std::size_t j = full; j < n; ++j) {
+    s[j] = std::exp(s[j] - m);
+    t += s[j];
+  }
+  return t;
+}
+
+// s_j <- cap * tanh(s_j / cap) for n scores (cap > 0).
+template <class Arch = xsimd::default_arch>
+void softcap_row(float* s, std::size_t n, float cap) noexcept {
+  using F = xsimd::batch<float, Arch>;
+  constexpr std::size_t lanes = F::size;
+  const std::size_t full = n - n % lanes;
+  const F c(cap);
+  for (std::size_t j = 0; j < full; j += lanes) (c * xsimd::tanh(F::load_unaligned(s + j) / c)).store_unaligned(s + j);
+  for (std::size_t j = full; j < n; ++j) s[j] = cap * std::tanh(s[j] / cap);
+}
+
+// One vector of n floats written as E, each value rounded once (to nearest
+// even): float copied, the 16-bit types rounded; int8 quantized
+// symmetrically, x_c = scale * q_c with scale = max_c |x_c| / 127 and q_c =
+// x_c / scale rounded to the nearest integer (ties to even). *scale is set
+// for int8 only: 0 for an all-zero vector (q = 0), NaN when the vector holds
+// a NaN or an infinity (q = 0: int8 holds neither), so every value read
+// back from that vector is NaN.
+inline void store_kv_row(const float* x, std::size_t n, float* out, float* /*scale*/) noexcept {
+  std::copy(x, x + n, out);
+}
+inline void store_kv_row(const float* x, std::size_t n, BFloat16* out, float* /*scale*/) noexcept {
+  for (std::size_t c = 0; c < n; ++c) out[c].bits = detail::float_to_bfloat16_bits(x[c]);
+}
+inline void store_kv_row(const float* x, std::size_t n, Float16* out, float* /*scale*/) noexcept {
+  for (std::size_t c = 0; c < n; ++c) out[c].bits = detail::float_to_float16_bits(x[c]);
+}
+inline void store_kv_row(const float* x, std::size_t n, std::int8_t* out, float* scale) noexcept {
+  float m = 0.0f;
+  bool finite = true;
+  for (std::size_t c = 0; c < n; ++c) {
+    finite = finite && std::isfinite(x[c]);
+    m = std::max(m, std::fabs(x[c]));
+  }
+  if (!finite) {
+    std::fill_n(out, n, std::int8_t(0));
+    *scale = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  const float s = m / 127.0f;
+  *scale = s;
+  for (std::size_t c = 0; c < n; ++c) {
+    const float q = s > 0.0f ? std::nearbyint(x[c] / s) : 0.0f;
+    out[c] = static_cast<std::int8_t>(std::min(127.0f, std::max(-127.0f, q)));
+  }
+}
+
+}  // namespace rope
