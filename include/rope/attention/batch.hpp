@@ -28,9 +28,10 @@
 // positions (the cache holds rotated keys); without a table Q is used as
 // given.
 //
-// Work and rounding: one item per (sequence, new token, key/value head) with
-// the query heads of the group stacked (each K and V row read once per
-// group), the keys in chunks of options.kv_split with a running max and sum.
+// Work and rounding: one item per (sequence, new token) over every head, the
+// keys in chunks of options.kv_split with a running max and sum per query
+// head; a key token's rows of all key/value heads are read together, in
+// memory order, each once for the query heads of its group.
 // A decode token (n_b == 1) is split: one item per part of kv_split keys
 // (aligned at multiples of kv_split), each part's (max, sum, weighted sum)
 // merged in order afterwards (log-sum-exp). The split and the merge order
@@ -91,11 +92,11 @@ struct BatchOptions {
 namespace detail {
 
 struct BatchItem {
-  std::size_t sequence, token, group, first_key, keys;
+  std::size_t sequence, token, first_key, keys;
   std::size_t partial;  // index of its partial sums, or kDirect
 };
 struct BatchMerge {
-  std::size_t token, group, first_item, items;
+  std::size_t token, first_item, items;
 };
 constexpr std::size_t kDirect = static_cast<std::size_t>(-1);
 
@@ -262,22 +263,20 @@ inline std::size_t plan_items(const Batch& batch, const BatchPlan& plan, const B
       const std::size_t t = static_cast<std::size_t>(batch.q_starts[b] + i);
       std::size_t lo = 0, hi = 0;
       visible_keys(len - n + i, len, o, &lo, &hi);
-      for (std::size_t g = 0; g < plan.kv_heads; ++g) {
-        const std::size_t first = ws.items.size();
-        if (n == 1) {
-          for (std::size_t k = lo; k < hi;) {
-            const std::size_t end = std::min(hi, (k / plan.split + 1) * plan.split);
-            ws.items.push_back({b, t, g, k, end - k, kDirect});
-            k = end;
-          }
-        } else if (hi > lo) {
-          ws.items.push_back({b, t, g, lo, hi - lo, kDirect});
+      const std::size_t first = ws.items.size();
+      if (n == 1) {
+        for (std::size_t k = lo; k < hi;) {
+          const std::size_t end = std::min(hi, (k / plan.split + 1) * plan.split);
+          ws.items.push_back({b, t, k, end - k, kDirect});
+          k = end;
         }
-        const std::size_t count = ws.items.size() - first;
-        if (count != 1) {
-          ws.merges.push_back({t, g, first, count});
-          for (std::size_t k = first; k < ws.items.size(); ++k) ws.items[k].partial = partials++;
-        }
+      } else if (hi > lo) {
+        ws.items.push_back({b, t, lo, hi - lo, kDirect});
+      }
+      const std::size_t count = ws.items.size() - first;
+      if (count != 1) {
+        ws.merges.push_back({t, first, count});
+        for (std::size_t k = first; k < ws.items.size(); ++k) ws.items[k].partial = partials++;
       }
     }
   }
@@ -293,26 +292,26 @@ void store_out_row(const float* x, std::size_t dv, O* dst, float* tmp) noexcept 
 
 // The per-thread rows of a batched call.
 struct BatchScratch {
-  float* q;       // group x d, plane order
+  float* q;       // q_heads x d, plane order
   float* row;     // max(d, 2 dv): one widened row, or an output row and its copy
-  float* scores;  // group x split
-  float* acc;     // group x dv, plane order
-  float* m;       // group
-  float* l;       // group
+  float* scores;  // q_heads x split
+  float* acc;     // q_heads x dv, plane order
+  float* m;       // q_heads
+  float* l;       // q_heads
 };
 
 inline std::size_t scratch_floats(const BatchPlan& p) noexcept {
-  return p.group * p.d + std::max(p.d, 2 * p.dv) + p.group * p.split + p.group * p.dv + 2 * p.group;
+  return p.q_heads * p.d + std::max(p.d, 2 * p.dv) + p.q_heads * p.split + p.q_heads * p.dv + 2 * p.q_heads;
 }
 
 inline BatchScratch scratch_at(float* base, const BatchPlan& p) noexcept {
   BatchScratch s;
   s.q = base;
-  s.row = s.q + p.group * p.d;
+  s.row = s.q + p.q_heads * p.d;
   s.scores = s.row + std::max(p.d, 2 * p.dv);
-  s.acc = s.scores + p.group * p.split;
-  s.m = s.acc + p.group * p.dv;
-  s.l = s.m + p.group;
+  s.acc = s.scores + p.q_heads * p.split;
+  s.m = s.acc + p.q_heads * p.dv;
+  s.l = s.m + p.q_heads;
   return s;
 }
 
@@ -345,100 +344,105 @@ class BatchRun {
            const BatchOptions& o, const BatchPlan& plan, BatchWorkspace& ws) noexcept
       : q_(q), cache_(cache), batch_(batch), out_(out), o_(o), plan_(plan), ws_(ws) {}
 
-  // One item: its keys in chunks, then its row written or its partial kept.
+  // One item: its keys in chunks, then its rows written or its partial kept.
   void item(std::size_t index, BatchScratch s) const noexcept {
     const BatchItem& it = ws_.items[index];
-    const std::size_t G = plan_.group, d = plan_.d, dv = plan_.dv, S = plan_.split;
-    const std::size_t h0 = it.group * G;
+    const std::size_t H = plan_.q_heads, Hk = plan_.kv_heads, G = plan_.group;
+    const std::size_t d = plan_.d, dv = plan_.dv, S = plan_.split;
     const std::int64_t n = new_tokens(batch_, it.sequence), len = batch_.lengths[it.sequence];
     const std::int64_t pos = len - n + (static_cast<std::int64_t>(it.token) - batch_.q_starts[it.sequence]);
-    for (std::size_t r = 0; r < G; ++r) {
-      widen_row(q_.row(it.token, h0 + r), d, s.row);
+    for (std::size_t h = 0; h < H; ++h) {
+      widen_row(q_.row(it.token, h), d, s.row);
       rotate_at(o_.rotation, plan_.rotary_dim, static_cast<std::size_t>(pos), s.row, s.row, 0, 1, d);
-      permute_row<E, Arch>(s.row, d, s.q + r * d);
-      s.m[r] = -std::numeric_limits<float>::infinity();
-      s.l[r] = 0.0f;
+      permute_row<E, Arch>(s.row, d, s.q + h * d);
+      s.m[h] = -std::numeric_limits<float>::infinity();
+      s.l[h] = 0.0f;
     }
-    std::fill_n(s.acc, G * dv, 0.0f);
+    std::fill_n(s.acc, H * dv, 0.0f);
     const std::int32_t* pages = batch_.block_table + it.sequence * batch_.block_table_stride;
     const std::size_t ps = cache_.k.page_size;
     for (std::size_t c0 = it.first_key; c0 < it.first_key + it.keys; c0 += S) {
       const std::size_t count = std::min(S, it.first_key + it.keys - c0);
+      // Scores: key token by key token, every key/value head of it.
       for (std::size_t i = 0; i < count; ++i) {
         const std::size_t j = c0 + i;
         const std::size_t slot = static_cast<std::size_t>(pages[j / ps]) * ps + j % ps;
-        dot_kv<E, Arch>(s.q, d, G, d, cache_.k.row(slot, it.group), s.scores + i, S);
-        const float ks = KvElement<E>::kScaled ? plan_.scale * *cache_.k.scale(slot, it.group) : plan_.scale;
-        for (std::size_t r = 0; r < G; ++r) s.scores[r * S + i] *= ks;
+        for (std::size_t g = 0; g < Hk; ++g) {
+          float* sc = s.scores + g * G * S + i;
+          dot_kv<E, Arch>(s.q + g * G * d, d, G, d, cache_.k.row(slot, g), sc, S);
+          const float ks = KvElement<E>::kScaled ? plan_.scale * *cache_.k.scale(slot, g) : plan_.scale;
+          for (std::size_t r = 0; r < G; ++r) sc[r * S] *= ks;
+        }
       }
-      for (std::size_t r = 0; r < G; ++r) {
-        float* sr = s.scores + r * S;
+      for (std::size_t h = 0; h < H; ++h) {
+        float* sr = s.scores + h * S;
         if (plan_.softcap > 0.0f) softcap_row<Arch>(sr, count, plan_.softcap);
         const float mc = max_row(sr, count);
-        const float m_new = mc > s.m[r] ? mc : s.m[r];
-        const float carried = s.m[r] == m_new ? 1.0f : std::exp(s.m[r] - m_new);
+        const float m_new = mc > s.m[h] ? mc : s.m[h];
+        const float carried = s.m[h] == m_new ? 1.0f : std::exp(s.m[h] - m_new);
         const float sum = exp_row<Arch>(sr, count, m_new);
-        s.l[r] = s.l[r] * carried + sum;
+        s.l[h] = s.l[h] * carried + sum;
         if (carried != 1.0f) {
-          for (std::size_t c = 0; c < dv; ++c) s.acc[r * dv + c] *= carried;
+          for (std::size_t c = 0; c < dv; ++c) s.acc[h * dv + c] *= carried;
         }
-        s.m[r] = m_new;
+        s.m[h] = m_new;
       }
-      // The weighted values, one run of keys per page.
+      // The weighted values, one run of keys per page, every head of it.
       for (std::size_t i = 0; i < count;) {
         const std::size_t j = c0 + i;
         const std::size_t run = std::min(count - i, ps - j % ps);
         const std::size_t slot = static_cast<std::size_t>(pages[j / ps]) * ps + j % ps;
-        const float* scales = KvElement<E>::kScaled ? cache_.v.scale(slot, it.group) : nullptr;
-        weighted_kv<E, Arch>(s.scores + i, S, G, run, cache_.v.row(slot, it.group), cache_.v.token_stride, scales,
-                             cache_.v.heads, dv, s.acc, dv);
+        for (std::size_t g = 0; g < Hk; ++g) {
+          const float* scales = KvElement<E>::kScaled ? cache_.v.scale(slot, g) : nullptr;
+          weighted_kv<E, Arch>(s.scores + g * G * S + i, S, G, run, cache_.v.row(slot, g), cache_.v.token_stride,
+                               scales, cache_.v.heads, dv, s.acc + g * G * dv, dv);
+        }
         i += run;
       }
     }
     if (it.partial == kDirect) {
-      for (std::size_t r = 0; r < G; ++r) {
-        finish_row<E, O, Arch>(plan_, h0 + r, true, s.m[r], s.l[r], s.acc + r * dv, out_.row(it.token, h0 + r), s.row);
+      for (std::size_t h = 0; h < H; ++h) {
+        finish_row<E, O, Arch>(plan_, h, true, s.m[h], s.l[h], s.acc + h * dv, out_.row(it.token, h), s.row);
       }
       return;
     }
     float* p = partial(it.partial);
-    std::copy(s.acc, s.acc + G * dv, p);
-    std::copy(s.m, s.m + G, p + G * dv);
-    std::copy(s.l, s.l + G, p + G * dv + G);
+    std::copy(s.acc, s.acc + H * dv, p);
+    std::copy(s.m, s.m + H, p + H * dv);
+    std::copy(s.l, s.l + H, p + H * dv + H);
   }
 
-  // One token-head of several items (or none): their partials merged in order.
+  // One token of several items (or none): their partials merged in order.
   void merge(std::size_t index, BatchScratch s) const noexcept {
     const BatchMerge& mg = ws_.merges[index];
-    const std::size_t G = plan_.group, dv = plan_.dv;
-    const std::size_t h0 = mg.group * G;
+    const std::size_t H = plan_.q_heads, dv = plan_.dv;
     if (mg.items == 0) {
-      for (std::size_t r = 0; r < G; ++r) {
-        finish_row<E, O, Arch>(plan_, h0 + r, false, 0.0f, 0.0f, s.acc, out_.row(mg.token, h0 + r), s.row);
+      for (std::size_t h = 0; h < H; ++h) {
+        finish_row<E, O, Arch>(plan_, h, false, 0.0f, 0.0f, s.acc, out_.row(mg.token, h), s.row);
       }
       return;
     }
-    for (std::size_t r = 0; r < G; ++r) {
+    for (std::size_t h = 0; h < H; ++h) {
       float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
-      float* acc = s.acc + r * dv;
+      float* acc = s.acc + h * dv;
       std::fill_n(acc, dv, 0.0f);
       for (std::size_t k = 0; k < mg.items; ++k) {
         const float* p = partial(ws_.items[mg.first_item + k].partial);
-        const float pm = p[G * dv + r], pl = p[G * dv + G + r];
+        const float pm = p[H * dv + h], pl = p[H * dv + H + h];
         const float m_new = pm > m ? pm : m;
         const float carried = m == m_new ? 1.0f : std::exp(m - m_new);
         const float weight = pm == m_new ? 1.0f : std::exp(pm - m_new);
         l = l * carried + pl * weight;
-        const float* pa = p + r * dv;
+        const float* pa = p + h * dv;
         for (std::size_t c = 0; c < dv; ++c) acc[c] = acc[c] * carried + pa[c] * weight;
         m = m_new;
       }
-      finish_row<E, O, Arch>(plan_, h0 + r, true, m, l, acc, out_.row(mg.token, h0 + r), s.row);
+      finish_row<E, O, Arch>(plan_, h, true, m, l, acc, out_.row(mg.token, h), s.row);
     }
   }
 
  private:
-  float* partial(std::size_t i) const noexcept { return ws_.partials.data() + i * plan_.group * (plan_.dv + 2); }
+  float* partial(std::size_t i) const noexcept { return ws_.partials.data() + i * plan_.q_heads * (plan_.dv + 2); }
 
   View<const Q> q_;
   PagedCache<E> cache_;
@@ -454,7 +458,7 @@ template <class Q, class E, class O, class Arch = xsimd::default_arch>
 void run_batch(const View<const Q>& q, const PagedCache<E>& cache, const Batch& batch, const View<O>& out,
                const BatchOptions& o, const BatchPlan& plan, BatchWorkspace& ws) {
   const std::size_t partials = plan_items(batch, plan, o, ws);
-  ws.partials.resize(partials * plan.group * (plan.dv + 2));
+  ws.partials.resize(partials * plan.q_heads * (plan.dv + 2));
   const std::size_t workers = std::max<std::size_t>(1, plan.threads);
   const std::size_t per = scratch_floats(plan);
   ws.scratch.resize(workers * per);

@@ -18,3 +18,13 @@
 #define ROPE_NOINLINE __attribute__((noinline))
 #define ROPE_ALWAYS_INLINE inline __attribute__((always_inline))
 #endif
+
+// Unrolls the loop that follows completely (loops over a compile-time count
+// of registers: without it an array of batches may live on the stack).
+#if defined(__clang__)
+#define ROPE_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define ROPE_UNROLL _Pragma("GCC unroll 32")
+#else
+#define ROPE_UNROLL
+#endif

@@ -40,6 +40,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "../detail/half_lanes.hpp"
+#include "../detail/inline.hpp"
 #include "../detail/simd.hpp"
 #include "../half.hpp"
 
@@ -147,19 +148,25 @@ void dot_kv_group(const float* q, std::size_t q_stride, std::size_t d, const E* 
   constexpr std::size_t W = P * lanes;
   const std::size_t full = d - d % W;
   F sum[R][P];
+  ROPE_UNROLL
   for (std::size_t r = 0; r < R; ++r) {
+    ROPE_UNROLL
     for (std::size_t k = 0; k < P; ++k) sum[r][k] = F(0.0f);
   }
   for (std::size_t base = 0; base < full; base += W) {
     F planes[P];
     KvPlanes<E, Arch>::load(key + base, planes);
+    ROPE_UNROLL
     for (std::size_t r = 0; r < R; ++r) {
       const float* qr = q + r * q_stride + base;
+      ROPE_UNROLL
       for (std::size_t k = 0; k < P; ++k) sum[r][k] = mul_add(F::load_unaligned(qr + k * lanes), planes[k], sum[r][k]);
     }
   }
+  ROPE_UNROLL
   for (std::size_t r = 0; r < R; ++r) {
     F total = sum[r][0];
+    ROPE_UNROLL
     for (std::size_t k = 1; k < P; ++k) total = total + sum[r][k];
     float t = sum_lanes(total);
     const float* qr = q + r * q_stride;
@@ -179,22 +186,29 @@ void weighted_kv_group(const float* weights, std::size_t weight_stride, std::siz
   const std::size_t full = dv - dv % W;
   for (std::size_t base = 0; base < full; base += W) {
     F a[R][P];
+    ROPE_UNROLL
     for (std::size_t r = 0; r < R; ++r) {
+      ROPE_UNROLL
       for (std::size_t k = 0; k < P; ++k) a[r][k] = F::load_unaligned(acc + r * acc_stride + base + k * lanes);
     }
     for (std::size_t j = 0; j < n; ++j) {
       F planes[P];
       KvPlanes<E, Arch>::load(values + j * value_stride + base, planes);
+      ROPE_UNROLL
       for (std::size_t r = 0; r < R; ++r) {
         const float w = weights[r * weight_stride + j];
         const F wb(value_scales != nullptr ? w * value_scales[j * scale_stride] : w);
+        ROPE_UNROLL
         for (std::size_t k = 0; k < P; ++k) a[r][k] = mul_add(wb, planes[k], a[r][k]);
       }
     }
+    ROPE_UNROLL
     for (std::size_t r = 0; r < R; ++r) {
+      ROPE_UNROLL
       for (std::size_t k = 0; k < P; ++k) a[r][k].store_unaligned(acc + r * acc_stride + base + k * lanes);
     }
   }
+  ROPE_UNROLL
   for (std::size_t r = 0; r < R; ++r) {
     float* ar = acc + r * acc_stride;
     for (std::size_t j = 0; j < n; ++j) {
@@ -217,6 +231,7 @@ void permute_row(const float* x, std::size_t d, float* out) noexcept {
   const std::size_t full = d - d % W;
   for (std::size_t base = 0; base < full; base += W) {
     for (std::size_t i = 0; i < lanes; ++i) {
+      ROPE_UNROLL
       for (std::size_t k = 0; k < P; ++k) out[base + k * lanes + i] = x[base + P * i + k];
     }
   }
@@ -232,6 +247,7 @@ void unpermute_row(const float* x, std::size_t d, float* out) noexcept {
   const std::size_t full = d - d % W;
   for (std::size_t base = 0; base < full; base += W) {
     for (std::size_t i = 0; i < lanes; ++i) {
+      ROPE_UNROLL
       for (std::size_t k = 0; k < P; ++k) out[base + P * i + k] = x[base + k * lanes + i];
     }
   }
