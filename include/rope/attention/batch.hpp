@@ -29,7 +29,7 @@
 // given.
 //
 // Work and rounding: one item per (sequence, new token) over every head, the
-// keys in chunks of options.kv_split with a running max and sum per query
+// keys in chunks of min(64, options.kv_split) with a running max and sum per query
 // head; a key token's rows of all key/value heads are read together, in
 // memory order, each once for the query heads of its group.
 // A decode token (n_b == 1) is split: one item per part of kv_split keys
@@ -56,6 +56,7 @@
 
 #include "../detail/parallel.hpp"
 #include "../kernels/kv_rows.hpp"
+#include "../tensor/dispatch_table.hpp"
 #include "checks.hpp"
 #include "paged.hpp"
 #include "rows.hpp"
@@ -84,7 +85,7 @@ struct BatchOptions {
   bool causal = true;          // a decoder's new tokens see the keys up to their own position
   std::size_t window = 0;      // > 0: key j visible to query i only if j > p_i - window
   Rotation<float> rotation;    // Q rotated at its positions (softmax_batch_step: new K too)
-  std::size_t kv_split = 512;  // keys per part of a decode token's split; also the chunk
+  std::size_t kv_split = 512;  // keys per part of a decode token's split
   std::size_t threads = 1;
   Executor executor;  // set: shares run on the caller's pool, executor.workers of them
 };
@@ -122,8 +123,13 @@ struct BatchPlan {
   float softcap = 0;  // 0: none
   std::vector<float> sinks;
   std::size_t split = 512;
+  std::size_t chunk = 64;  // min(split, kBatchChunk): keys per chunk of scores
   std::size_t threads = 1;
 };
+
+// Keys per chunk of an item's scores: a chunk's values (64 tokens x every
+// head) stay in L2 between the scores and the weighted sum.
+constexpr std::size_t kBatchChunk = 64;
 
 inline std::int64_t new_tokens(const Batch& batch, std::size_t b) noexcept {
   return batch.q_starts[b + 1] - batch.q_starts[b];
@@ -199,6 +205,7 @@ BatchPlan check_batch_call(const char* fn, const View<const Q>& q, const PagedCa
   plan.d = q.head_dim;
   plan.dv = cache.v.head_dim;
   plan.split = o.kv_split;
+  plan.chunk = std::min<std::size_t>(o.kv_split, kBatchChunk);
   plan.threads = rope::detail::thread_count(o.threads, o.executor);
   double scale = 1.0 / std::sqrt(static_cast<double>(q.head_dim));
   if (o.scale) {
@@ -283,46 +290,41 @@ inline std::size_t plan_items(const Batch& batch, const BatchPlan& plan, const B
   return partials;
 }
 
-// Writes one output row: dv floats in plane order, unpermuted, rounded once into O.
-template <class E, class O, class Arch>
-void store_out_row(const float* x, std::size_t dv, O* dst, float* tmp) noexcept {
-  unpermute_row<E, Arch>(x, dv, tmp);
-  store_kv_row(tmp, dv, dst, nullptr);
-}
-
 // The per-thread rows of a batched call.
 struct BatchScratch {
-  float* q;       // q_heads x d, plane order
-  float* row;     // max(d, 2 dv): one widened row, or an output row and its copy
-  float* scores;  // q_heads x split
-  float* acc;     // q_heads x dv, plane order
-  float* m;       // q_heads
-  float* l;       // q_heads
+  float* q;     // q_heads x d: the query rows, widened and rotated
+  float* work;  // attend_work(q_heads, d, dv, chunk)
+  float* acc;   // q_heads x dv
+  float* m;     // q_heads
+  float* l;     // q_heads
+  float* row;   // max(d, dv): one widened row, or one output row
 };
 
 inline std::size_t scratch_floats(const BatchPlan& p) noexcept {
-  return p.q_heads * p.d + std::max(p.d, 2 * p.dv) + p.q_heads * p.split + p.q_heads * p.dv + 2 * p.q_heads;
+  return p.q_heads * p.d + attend_work(p.q_heads, p.d, p.dv, p.chunk) + p.q_heads * p.dv + 2 * p.q_heads +
+         std::max(p.d, p.dv);
 }
 
 inline BatchScratch scratch_at(float* base, const BatchPlan& p) noexcept {
   BatchScratch s;
   s.q = base;
-  s.row = s.q + p.q_heads * p.d;
-  s.scores = s.row + std::max(p.d, 2 * p.dv);
-  s.acc = s.scores + p.q_heads * p.split;
+  s.work = s.q + p.q_heads * p.d;
+  s.acc = s.work + attend_work(p.q_heads, p.d, p.dv, p.chunk);
   s.m = s.acc + p.q_heads * p.dv;
   s.l = s.m + p.q_heads;
+  s.row = s.l + p.q_heads;
   return s;
 }
 
 // The final row of query head h from its (max, sum, weighted sum): with the
-// sink in the denominator; zeros for a query that sees no key.
-template <class E, class O, class Arch>
+// sink in the denominator, rounded once into O; zeros for a query that sees
+// no key.
+template <class O>
 void finish_row(const BatchPlan& plan, std::size_t h, bool sees, float m, float l, const float* acc, O* dst,
-                float* tmp) noexcept {
+                float* row) noexcept {
   if (!sees) {
-    for (std::size_t c = 0; c < plan.dv; ++c) tmp[c] = 0.0f;
-    store_kv_row(tmp, plan.dv, dst, nullptr);
+    for (std::size_t c = 0; c < plan.dv; ++c) row[c] = 0.0f;
+    store_kv_row(row, plan.dv, dst, nullptr);
     return;
   }
   float num_scale = 1.0f, den = l;
@@ -332,9 +334,19 @@ void finish_row(const BatchPlan& plan, std::size_t h, bool sees, float m, float 
     num_scale = std::exp(m - top);
     den = l * num_scale + std::exp(sink - top);
   }
-  float* row = tmp + plan.dv;
   for (std::size_t c = 0; c < plan.dv; ++c) row[c] = acc[c] * num_scale / den;
-  store_out_row<E, O, Arch>(row, plan.dv, dst, tmp);
+  store_kv_row(row, plan.dv, dst, nullptr);
+}
+
+// attend_keys for E: the one rope::dispatch installed, else the one
+// compiled here for Arch.
+template <class E, class Arch>
+void attend(const KvKeys<E>& keys, const float* q, float* work, float* m, float* l, float* acc) noexcept {
+  if (const auto installed = rope::detail::installed_attend<E>()) {
+    installed(keys, q, work, m, l, acc);
+  } else {
+    attend_keys<E, Arch>(keys, q, work, m, l, acc);
+  }
 }
 
 template <class Q, class E, class O, class Arch>
@@ -342,67 +354,47 @@ class BatchRun {
  public:
   BatchRun(const View<const Q>& q, const PagedCache<E>& cache, const Batch& batch, const View<O>& out,
            const BatchOptions& o, const BatchPlan& plan, BatchWorkspace& ws) noexcept
-      : q_(q), cache_(cache), batch_(batch), out_(out), o_(o), plan_(plan), ws_(ws) {}
+      : q_(q), batch_(batch), out_(out), o_(o), plan_(plan), ws_(ws) {
+    keys_.k = cache.k.data;
+    keys_.v = cache.v.data;
+    keys_.k_scales = cache.k.scales;
+    keys_.v_scales = cache.v.scales;
+    keys_.page_size = cache.k.page_size;
+    keys_.k_page_stride = cache.k.page_stride;
+    keys_.k_token_stride = cache.k.token_stride;
+    keys_.k_head_stride = cache.k.head_stride;
+    keys_.v_page_stride = cache.v.page_stride;
+    keys_.v_token_stride = cache.v.token_stride;
+    keys_.v_head_stride = cache.v.head_stride;
+    keys_.q_heads = plan.q_heads;
+    keys_.kv_heads = plan.kv_heads;
+    keys_.d = plan.d;
+    keys_.dv = plan.dv;
+    keys_.chunk = plan.chunk;
+    keys_.scale = plan.scale;
+    keys_.softcap = plan.softcap;
+  }
 
-  // One item: its keys in chunks, then its rows written or its partial kept.
+  // One item: its query rows, its keys, then its rows written or its
+  // partial kept.
   void item(std::size_t index, BatchScratch s) const noexcept {
     const BatchItem& it = ws_.items[index];
-    const std::size_t H = plan_.q_heads, Hk = plan_.kv_heads, G = plan_.group;
-    const std::size_t d = plan_.d, dv = plan_.dv, S = plan_.split;
+    const std::size_t H = plan_.q_heads, d = plan_.d, dv = plan_.dv;
     const std::int64_t n = new_tokens(batch_, it.sequence), len = batch_.lengths[it.sequence];
     const std::int64_t pos = len - n + (static_cast<std::int64_t>(it.token) - batch_.q_starts[it.sequence]);
     for (std::size_t h = 0; h < H; ++h) {
-      widen_row(q_.row(it.token, h), d, s.row);
-      rotate_at(o_.rotation, plan_.rotary_dim, static_cast<std::size_t>(pos), s.row, s.row, 0, 1, d);
-      permute_row<E, Arch>(s.row, d, s.q + h * d);
-      s.m[h] = -std::numeric_limits<float>::infinity();
-      s.l[h] = 0.0f;
+      float* row = s.q + h * d;
+      widen_row(q_.row(it.token, h), d, row);
+      rotate_at(o_.rotation, plan_.rotary_dim, static_cast<std::size_t>(pos), row, row, 0, 1, d);
     }
-    std::fill_n(s.acc, H * dv, 0.0f);
-    const std::int32_t* pages = batch_.block_table + it.sequence * batch_.block_table_stride;
-    const std::size_t ps = cache_.k.page_size;
-    for (std::size_t c0 = it.first_key; c0 < it.first_key + it.keys; c0 += S) {
-      const std::size_t count = std::min(S, it.first_key + it.keys - c0);
-      // Scores: key token by key token, every key/value head of it.
-      for (std::size_t i = 0; i < count; ++i) {
-        const std::size_t j = c0 + i;
-        const std::size_t slot = static_cast<std::size_t>(pages[j / ps]) * ps + j % ps;
-        for (std::size_t g = 0; g < Hk; ++g) {
-          float* sc = s.scores + g * G * S + i;
-          dot_kv<E, Arch>(s.q + g * G * d, d, G, d, cache_.k.row(slot, g), sc, S);
-          const float ks = KvElement<E>::kScaled ? plan_.scale * *cache_.k.scale(slot, g) : plan_.scale;
-          for (std::size_t r = 0; r < G; ++r) sc[r * S] *= ks;
-        }
-      }
-      for (std::size_t h = 0; h < H; ++h) {
-        float* sr = s.scores + h * S;
-        if (plan_.softcap > 0.0f) softcap_row<Arch>(sr, count, plan_.softcap);
-        const float mc = max_row(sr, count);
-        const float m_new = mc > s.m[h] ? mc : s.m[h];
-        const float carried = s.m[h] == m_new ? 1.0f : std::exp(s.m[h] - m_new);
-        const float sum = exp_row<Arch>(sr, count, m_new);
-        s.l[h] = s.l[h] * carried + sum;
-        if (carried != 1.0f) {
-          for (std::size_t c = 0; c < dv; ++c) s.acc[h * dv + c] *= carried;
-        }
-        s.m[h] = m_new;
-      }
-      // The weighted values, one run of keys per page, every head of it.
-      for (std::size_t i = 0; i < count;) {
-        const std::size_t j = c0 + i;
-        const std::size_t run = std::min(count - i, ps - j % ps);
-        const std::size_t slot = static_cast<std::size_t>(pages[j / ps]) * ps + j % ps;
-        for (std::size_t g = 0; g < Hk; ++g) {
-          const float* scales = KvElement<E>::kScaled ? cache_.v.scale(slot, g) : nullptr;
-          weighted_kv<E, Arch>(s.scores + g * G * S + i, S, G, run, cache_.v.row(slot, g), cache_.v.token_stride,
-                               scales, cache_.v.heads, dv, s.acc + g * G * dv, dv);
-        }
-        i += run;
-      }
-    }
+    KvKeys<E> keys = keys_;
+    keys.pages = batch_.block_table + it.sequence * batch_.block_table_stride;
+    keys.first_key = it.first_key;
+    keys.keys = it.keys;
+    attend<E, Arch>(keys, s.q, s.work, s.m, s.l, s.acc);
     if (it.partial == kDirect) {
       for (std::size_t h = 0; h < H; ++h) {
-        finish_row<E, O, Arch>(plan_, h, true, s.m[h], s.l[h], s.acc + h * dv, out_.row(it.token, h), s.row);
+        finish_row(plan_, h, true, s.m[h], s.l[h], s.acc + h * dv, out_.row(it.token, h), s.row);
       }
       return;
     }
@@ -418,7 +410,7 @@ class BatchRun {
     const std::size_t H = plan_.q_heads, dv = plan_.dv;
     if (mg.items == 0) {
       for (std::size_t h = 0; h < H; ++h) {
-        finish_row<E, O, Arch>(plan_, h, false, 0.0f, 0.0f, s.acc, out_.row(mg.token, h), s.row);
+        finish_row(plan_, h, false, 0.0f, 0.0f, s.acc, out_.row(mg.token, h), s.row);
       }
       return;
     }
@@ -437,7 +429,7 @@ class BatchRun {
         for (std::size_t c = 0; c < dv; ++c) acc[c] = acc[c] * carried + pa[c] * weight;
         m = m_new;
       }
-      finish_row<E, O, Arch>(plan_, h, true, m, l, acc, out_.row(mg.token, h), s.row);
+      finish_row(plan_, h, true, m, l, acc, out_.row(mg.token, h), s.row);
     }
   }
 
@@ -445,7 +437,7 @@ class BatchRun {
   float* partial(std::size_t i) const noexcept { return ws_.partials.data() + i * plan_.q_heads * (plan_.dv + 2); }
 
   View<const Q> q_;
-  PagedCache<E> cache_;
+  KvKeys<E> keys_;
   Batch batch_;
   View<O> out_;
   const BatchOptions& o_;

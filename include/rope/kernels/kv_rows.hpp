@@ -41,6 +41,7 @@
 
 #include "../detail/half_lanes.hpp"
 #include "../detail/inline.hpp"
+#include "../detail/prefetch.hpp"
 #include "../detail/simd.hpp"
 #include "../half.hpp"
 
@@ -132,11 +133,37 @@ constexpr std::size_t kv_block() noexcept {
   return KvElement<E>::kPerLane * xsimd::batch<float, Arch>::size;
 }
 
-// Rows of query rows handled together: their sums in registers while a key
-// or value streams past once.
-template <class E>
-constexpr std::size_t kv_row_group() noexcept {
-  return KvElement<E>::kPerLane >= 4 ? 2 : KvElement<E>::kPerLane == 2 ? 4 : 8;
+// The most query rows handled together: their sums (rows x planes
+// registers) stay in registers, beside one key's planes, while the key or
+// value streams past once. A power of two, at most 8.
+template <class E, class Arch>
+constexpr std::size_t kv_max_rows() noexcept {
+  constexpr std::size_t P = KvElement<E>::kPerLane;
+  constexpr std::size_t fit = (vector_registers<Arch>() - P - 2) / P;
+  return fit >= 8 ? 8 : fit >= 4 ? 4 : fit >= 2 ? 2 : 1;
+}
+
+// Calls block<R>(r) for consecutive groups of rows covering 0 .. rows-1,
+// each group the largest power of two <= Max that fits what is left.
+template <std::size_t Max, class Block>
+void for_row_groups(std::size_t rows, Block&& block) noexcept {
+  std::size_t r = 0;
+  while (r < rows) {
+    const std::size_t left = rows - r;
+    if (Max >= 8 && left >= 8) {
+      block(std::integral_constant<std::size_t, (Max >= 8 ? 8 : 1)>{}, r);
+      r += 8;
+    } else if (Max >= 4 && left >= 4) {
+      block(std::integral_constant<std::size_t, (Max >= 4 ? 4 : 1)>{}, r);
+      r += 4;
+    } else if (Max >= 2 && left >= 2) {
+      block(std::integral_constant<std::size_t, (Max >= 2 ? 2 : 1)>{}, r);
+      r += 2;
+    } else {
+      block(std::integral_constant<std::size_t, 1>{}, r);
+      r += 1;
+    }
+  }
 }
 
 template <std::size_t R, class E, class Arch>
@@ -260,14 +287,10 @@ void unpermute_row(const float* x, std::size_t d, float* out) noexcept {
 template <class E, class Arch = xsimd::default_arch>
 void dot_kv(const float* q, std::size_t q_stride, std::size_t rows, std::size_t d, const E* key, float* scores,
             std::size_t score_stride) noexcept {
-  constexpr std::size_t G = detail::kv_row_group<E>();
-  std::size_t r = 0;
-  for (; r + G <= rows; r += G) {
-    detail::dot_kv_group<G, E, Arch>(q + r * q_stride, q_stride, d, key, scores + r * score_stride, score_stride);
-  }
-  for (; r < rows; ++r) {
-    detail::dot_kv_group<1, E, Arch>(q + r * q_stride, q_stride, d, key, scores + r * score_stride, score_stride);
-  }
+  detail::for_row_groups<detail::kv_max_rows<E, Arch>()>(rows, [&](auto group, std::size_t r) {
+    detail::dot_kv_group<decltype(group)::value, E, Arch>(q + r * q_stride, q_stride, d, key, scores + r * score_stride,
+                                                          score_stride);
+  });
 }
 
 // acc_r += sum_j w_rj * value_j for `rows` rows and n values, value j at
@@ -279,20 +302,16 @@ template <class E, class Arch = xsimd::default_arch>
 void weighted_kv(const float* weights, std::size_t weight_stride, std::size_t rows, std::size_t n, const E* values,
                  std::size_t value_stride, const float* value_scales, std::size_t scale_stride, std::size_t dv,
                  float* acc, std::size_t acc_stride) noexcept {
-  constexpr std::size_t G = detail::kv_row_group<E>();
-  std::size_t r = 0;
-  for (; r + G <= rows; r += G) {
-    detail::weighted_kv_group<G, E, Arch>(weights + r * weight_stride, weight_stride, n, values, value_stride,
-                                          value_scales, scale_stride, dv, acc + r * acc_stride, acc_stride);
-  }
-  for (; r < rows; ++r) {
-    detail::weighted_kv_group<1, E, Arch>(weights + r * weight_stride, weight_stride, n, values, value_stride,
-                                          value_scales, scale_stride, dv, acc + r * acc_stride, acc_stride);
-  }
+  detail::for_row_groups<detail::kv_max_rows<E, Arch>()>(rows, [&](auto group, std::size_t r) {
+    detail::weighted_kv_group<decltype(group)::value, E, Arch>(weights + r * weight_stride, weight_stride, n, values,
+                                                               value_stride, value_scales, scale_stride, dv,
+                                                               acc + r * acc_stride, acc_stride);
+  });
 }
 
 // The largest of n scores, NaNs skipped (-inf for n = 0 or all NaN).
-inline float max_row(const float* s, std::size_t n) noexcept {
+template <class Arch = xsimd::default_arch>
+float max_row(const float* s, std::size_t n) noexcept {
   float m = -std::numeric_limits<float>::infinity();
   for (std::size_t j = 0; j < n; ++j) m = s[j] > m ? s[j] : m;
   return m;
@@ -329,6 +348,114 @@ void softcap_row(float* s, std::size_t n, float cap) noexcept {
   const F c(cap);
   for (std::size_t j = 0; j < full; j += lanes) (c * xsimd::tanh(F::load_unaligned(s + j) / c)).store_unaligned(s + j);
   for (std::size_t j = full; j < n; ++j) s[j] = cap * std::tanh(s[j] / cap);
+}
+
+// What attend_keys reads: one sequence's keys first_key .. first_key+keys-1
+// in a paged cache (attention/paged.hpp has the layout), key j in slot
+// pages[j / page_size] * page_size + j % page_size; strides in elements;
+// int8 scales at slot * kv_heads + h. q_heads = group * kv_heads.
+template <class E>
+struct KvKeys {
+  const E* k = nullptr;
+  const E* v = nullptr;
+  const float* k_scales = nullptr;
+  const float* v_scales = nullptr;
+  const std::int32_t* pages = nullptr;
+  std::size_t page_size = 1;
+  std::size_t k_page_stride = 0, k_token_stride = 0, k_head_stride = 0;
+  std::size_t v_page_stride = 0, v_token_stride = 0, v_head_stride = 0;
+  std::size_t first_key = 0, keys = 0;
+  std::size_t q_heads = 0, kv_heads = 0, d = 0, dv = 0;
+  std::size_t chunk = 1;  // keys per chunk of scores
+  float scale = 1;
+  float softcap = 0;  // 0: none
+};
+
+// The floats attend_keys works in: q_heads * (d + chunk + dv).
+constexpr std::size_t attend_work(std::size_t q_heads, std::size_t d, std::size_t dv, std::size_t chunk) noexcept {
+  return q_heads * (d + chunk + dv);
+}
+
+// The online softmax of q_heads query rows (q: q_heads x d floats, channel
+// order, query head h reading key/value head h / group) over a.keys keys:
+// for each head h, m[h] = the max of its scores s_j = scale * q_h . k_j
+// (int8: times k_j's scale; capped by softcap when set), l[h] = sum_j
+// exp(s_j - m[h]), acc[h * dv ..] = sum_j exp(s_j - m[h]) v_j in channel
+// order. The keys are taken in chunks of a.chunk; each chunk's scores key
+// token by key token over every key/value head (a token's rows in memory
+// order), its weights exp(s - m) relative to the running max, the earlier
+// sums scaled by exp(m_old - m_new) when the max grows.
+template <class E, class Arch = xsimd::default_arch>
+void attend_keys(const KvKeys<E>& a, const float* q, float* work, float* m, float* l, float* acc) noexcept {
+  const std::size_t H = a.q_heads, Hk = a.kv_heads, G = H / Hk, d = a.d, dv = a.dv, S = a.chunk;
+  const std::size_t ps = a.page_size;
+  constexpr std::size_t kAhead = 4;
+  float* qp = work;
+  float* scores = qp + H * d;
+  float* ap = scores + H * S;
+  for (std::size_t h = 0; h < H; ++h) {
+    permute_row<E, Arch>(q + h * d, d, qp + h * d);
+    m[h] = -std::numeric_limits<float>::infinity();
+    l[h] = 0.0f;
+  }
+  for (std::size_t c = 0; c < H * dv; ++c) ap[c] = 0.0f;
+  const auto slot_of = [&](std::size_t j) { return static_cast<std::size_t>(a.pages[j / ps]) * ps + j % ps; };
+  const auto k_row = [&](std::size_t slot, std::size_t g) {
+    return a.k + (slot / ps) * a.k_page_stride + (slot % ps) * a.k_token_stride + g * a.k_head_stride;
+  };
+  for (std::size_t c0 = a.first_key; c0 < a.first_key + a.keys; c0 += S) {
+    const std::size_t left = a.first_key + a.keys - c0;
+    const std::size_t count = left < S ? left : S;
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::size_t slot = slot_of(c0 + i);
+      // The key token kAhead on, and this token's values for the weighted
+      // pass after the chunk: pages come in any order, which no hardware
+      // prefetcher follows.
+      if (i + kAhead < count) {
+        const std::size_t next = slot_of(c0 + i + kAhead);
+        detail::prefetch_rows(k_row(next, 0), Hk, a.k_head_stride * sizeof(E), d * sizeof(E));
+      }
+      detail::prefetch_rows(a.v + (slot / ps) * a.v_page_stride + (slot % ps) * a.v_token_stride, Hk,
+                            a.v_head_stride * sizeof(E), dv * sizeof(E));
+      for (std::size_t g = 0; g < Hk; ++g) {
+        float* sc = scores + g * G * S + i;
+        dot_kv<E, Arch>(qp + g * G * d, d, G, d, k_row(slot, g), sc, S);
+        const float ks = a.k_scales != nullptr ? a.scale * a.k_scales[slot * Hk + g] : a.scale;
+        for (std::size_t r = 0; r < G; ++r) sc[r * S] *= ks;
+      }
+    }
+    for (std::size_t h = 0; h < H; ++h) {
+      float* sr = scores + h * S;
+      if (a.softcap > 0.0f) softcap_row<Arch>(sr, count, a.softcap);
+      const float mc = max_row<Arch>(sr, count);
+      const float m_new = mc > m[h] ? mc : m[h];
+      const float carried = m[h] == m_new ? 1.0f : std::exp(m[h] - m_new);
+      const float sum = exp_row<Arch>(sr, count, m_new);
+      l[h] = l[h] * carried + sum;
+      if (carried != 1.0f) {
+        for (std::size_t c = 0; c < dv; ++c) ap[h * dv + c] *= carried;
+      }
+      m[h] = m_new;
+    }
+    // The weighted values, one run of keys per page, every head of it.
+    for (std::size_t i = 0; i < count;) {
+      const std::size_t j = c0 + i;
+      // Runs of at most kRun keys: weighted_kv reads each value once per
+      // block of channels, so a run's values should stay in L1.
+      constexpr std::size_t kRun = 16;
+      std::size_t run = count - i < ps - j % ps ? count - i : ps - j % ps;
+      run = run < kRun ? run : kRun;
+      const std::size_t slot = slot_of(j);
+      const E* v0 = a.v + (slot / ps) * a.v_page_stride + (slot % ps) * a.v_token_stride;
+      for (std::size_t g = 0; g < Hk; ++g) {
+        const float* vs = a.v_scales != nullptr ? a.v_scales + slot * Hk + g : nullptr;
+        weighted_kv<E, Arch>(scores + g * G * S + i, S, G, run, v0 + g * a.v_head_stride, a.v_token_stride, vs, Hk, dv,
+                             ap + g * G * dv, dv);
+      }
+      i += run;
+    }
+  }
+  for (std::size_t h = 0; h < H; ++h) unpermute_row<E, Arch>(ap + h * dv, dv, acc + h * dv);
 }
 
 // One vector of n floats written as E, each value rounded once (to nearest
