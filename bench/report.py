@@ -371,6 +371,41 @@ def attention_rows(rep, series):
                         target=at_least(3.0) if variant == "linear_eq19" else None)
 
 
+BATCH_KV = ("f32", "bf16", "f16", "i8")
+
+
+def batch_rows(rep):
+    """The batched decode step over a paged cache (bench/bench_batch.cpp):
+    against a read of the same bytes, paged against contiguous, the storage
+    types against f32, and threads. Times are wall times."""
+    section = "batch decode"
+    batch = "16 sequences, 32k tokens, 32/8 heads, d 128"
+    name = "attention/batch_decode/{}/{}/T{}".format
+    for kv in BATCH_KV:
+        case, read = rep.get(name(kv, "paged", 1)), rep.get("attention/batch_decode/read/" + kv)
+        if case and read:
+            rep.add(section, "batch_decode {} paged T1 time / read of its K and V bytes".format(kv), batch,
+                    wall(case) / wall(read))
+    for kv in BATCH_KV:
+        for threads in (1, 2):
+            rep.ratio(section, "batch_decode {} paged / contiguous T{} (speed)".format(kv, threads), batch,
+                      name(kv, "paged", threads), name(kv, "contiguous", threads), basis="time")
+    for kv in BATCH_KV[1:]:
+        rep.ratio(section, "batch_decode {} / f32, paged T1 (speed)".format(kv), batch,
+                  name(kv, "paged", 1), name("f32", "paged", 1), basis="time")
+    for kv in BATCH_KV:
+        for layout in ("contiguous", "paged"):
+            rep.ratio(section, "batch_decode {} {}: T2 / T1 (speed)".format(kv, layout), batch,
+                      name(kv, layout, 2), name(kv, layout, 1), basis="time")
+    rep.ratio(section, "long_decode bf16 paged: T2 / T1 (speed)", "1 sequence, 32k tokens, 32/8 heads, d 128",
+              "attention/long_decode/bf16/paged/T2", "attention/long_decode/bf16/paged/T1", basis="time")
+    for case_name in ("attention/long_decode/bf16/paged/T1", "attention/batch_decode/bf16/paged/T1"):
+        case = rep.get(case_name)
+        if case:
+            rep.add(section, case_name[len("attention/"):] + ": ms per step", "32k tokens", wall(case) / 1e6,
+                    fmt="{:.2f} ms")
+
+
 def plot_attention(series, path):
     try:
         import matplotlib
@@ -418,7 +453,7 @@ def context_line(context, repetitions):
 def headline(row):
     """The rows a reader decides by: every target, and one figure per question."""
     section, figure, shape, _, target, _ = row
-    if target or section in ("table build", "attention"):
+    if target or section in ("table build", "attention", "batch decode"):
         return True
     big = "prefill" in shape
     if section == "builds":
@@ -478,10 +513,11 @@ def main(argv):
     table_rows(rep)
     series = attention_series(cases)
     attention_rows(rep, series)
+    batch_rows(rep)
 
     order = ["bandwidth vs memcpy", "builds", "simd vs reference", "pairings",
              "placement, direction, alignment", "bf16 vs f32", "threads", "decode step",
-             "table build", "attention"]
+             "table build", "attention", "batch decode"]
     rows = sorted(rep.rows, key=lambda r: order.index(r[0]))  # stable within a section
     shown = rows if args.all else [r for r in rows if headline(r)]
     print("rope_bench report: " + context_line(context, repetitions))

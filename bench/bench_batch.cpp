@@ -1,0 +1,306 @@
+// attention/batch_decode/... and attention/long_decode/...: a server's decode
+// step over a paged KV cache (rope/attention/batch.hpp), Llama-3-8B shape:
+// 32 query / 8 key-value heads, head_dim 128, q already rotated (no
+// rotation in the call), f32 q and out, one softmax_batch call per
+// iteration with a BatchWorkspace kept across iterations.
+//
+//   batch_decode/<kv>/<layout>/T<n>  one new token for each of the 16
+//                                    sequences of kBatchLengths (32768 cached
+//                                    tokens in all), kv in f32 bf16 f16 i8,
+//                                    on n threads
+//       contiguous                   one page per sequence of the longest
+//                                    length (8192): block table row b = {b}
+//       paged                        pages of 16 tokens handed out in a
+//                                    shuffled order (fixed seed), so a
+//                                    sequence's pages are scattered in memory
+//   batch_decode/read/<kv>           one SIMD pass summing, as 32-bit words, a
+//                                    contiguous buffer of exactly the K, V
+//                                    (and int8 scale) bytes a batch_decode
+//                                    call reads, 1 thread: the limit of decode
+//   long_decode/bf16/paged/T<n>      one sequence of 32768 cached tokens, bf16,
+//                                    pages of 16, shuffled
+//
+// Bytes processed: the K and V bytes read (and the int8 scales), the same for
+// both layouts. The caches are big (f32: 268 MB for 32k tokens, the
+// contiguous one reserves 4x that), so one is held at a time: the cases of
+// one cache run one after another and share it, the next case frees it
+// before building its own.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <rope/attention.hpp>
+#include <rope/detail/simd.hpp>
+#include <xsimd/xsimd.hpp>
+
+namespace {
+
+namespace ra = rope::attention;
+
+constexpr std::size_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128, kPageSize = 16;
+
+// The batch's cache lengths: a mix of short and long requests, 32768 tokens
+// in all. Some end inside a page (and inside a kv_split part), as a running
+// server's do.
+constexpr std::int64_t kBatchLengths[] = {8192, 4096, 3072, 2560, 2048, 2051, 1792, 1536,
+                                          1533, 1280, 1024, 1024, 768,  512,  256,  1024};
+constexpr std::int64_t sum_lengths() {
+  std::int64_t s = 0;
+  for (const std::int64_t l : kBatchLengths) s += l;
+  return s;
+}
+static_assert(sum_lengths() == 32768, "the batch holds 32k cached tokens");
+constexpr std::int64_t kLongLength = 32768;
+constexpr std::uint32_t kShuffleSeed = 20240611;
+
+enum class Layout { contiguous, paged };
+
+template <class E>
+struct KvName;
+template <>
+struct KvName<float> {
+  static constexpr const char* value = "f32";
+};
+template <>
+struct KvName<rope::BFloat16> {
+  static constexpr const char* value = "bf16";
+};
+template <>
+struct KvName<rope::Float16> {
+  static constexpr const char* value = "f16";
+};
+template <>
+struct KvName<std::int8_t> {
+  static constexpr const char* value = "i8";
+};
+
+// Values in [-0.5, 0.5): xorshift, cheap enough to fill 64M floats.
+struct Noise {
+  std::uint32_t s;
+  float operator()() noexcept {
+    s ^= s << 13;
+    s ^= s >> 17;
+    s ^= s << 5;
+    return static_cast<float>(s >> 8) * (1.0f / 16777216.0f) - 0.5f;
+  }
+};
+
+// The K, V (and scale) bytes a call reads for these lengths.
+template <class E>
+std::size_t kv_bytes(const std::vector<std::int64_t>& lengths) {
+  const std::size_t tokens = static_cast<std::size_t>(std::accumulate(lengths.begin(), lengths.end(), std::int64_t{0}));
+  const std::size_t per_row = kHeadDim * sizeof(E) + (rope::KvElement<E>::kScaled ? sizeof(float) : 0);
+  return 2 * tokens * kKvHeads * per_row;
+}
+
+// What one case builds and the next case of the same key reuses.
+struct Held {
+  virtual ~Held() = default;
+};
+std::unique_ptr<Held> g_held;
+std::string g_held_key;
+
+template <class T, class Make>
+T& hold(const std::string& key, Make make) {
+  if (g_held_key != key) {
+    g_held.reset();  // free the last case's cache before building this one
+    g_held_key.clear();
+    g_held = make();
+    g_held_key = key;
+  }
+  return static_cast<T&>(*g_held);
+}
+
+// A cache holding `lengths` sequences of random rows, its block table, and a
+// rotated query token per sequence.
+template <class E>
+struct BatchCase : Held {
+  std::vector<std::int64_t> lengths, q_starts;
+  std::vector<std::int32_t> block_table;
+  std::size_t stride = 0;
+  std::vector<E> k, v;
+  std::vector<float> k_scales, v_scales;
+  ra::PagedCache<E> cache;
+  std::vector<float> q, out;
+
+  BatchCase(std::vector<std::int64_t> lens, Layout layout) : lengths(std::move(lens)) {
+    const std::size_t n = lengths.size();
+    q_starts.resize(n + 1);
+    std::iota(q_starts.begin(), q_starts.end(), std::int64_t{0});
+    std::size_t pages = 0, page_size = 0;
+    if (layout == Layout::contiguous) {
+      page_size = static_cast<std::size_t>(*std::max_element(lengths.begin(), lengths.end()));
+      pages = n;
+      stride = 1;
+      block_table.resize(n);
+      std::iota(block_table.begin(), block_table.end(), 0);
+    } else {
+      page_size = kPageSize;
+      for (const std::int64_t l : lengths) {
+        const std::size_t p = (static_cast<std::size_t>(l) + kPageSize - 1) / kPageSize;
+        pages += p;
+        stride = std::max(stride, p);
+      }
+      std::vector<std::int32_t> order(pages);
+      std::iota(order.begin(), order.end(), 0);
+      std::mt19937 gen(kShuffleSeed);
+      std::shuffle(order.begin(), order.end(), gen);
+      block_table.assign(n * stride, 0);
+      std::size_t next = 0;
+      for (std::size_t b = 0; b < n; ++b) {
+        const std::size_t p = (static_cast<std::size_t>(lengths[b]) + kPageSize - 1) / kPageSize;
+        for (std::size_t i = 0; i < p; ++i) block_table[b * stride + i] = order[next++];
+      }
+    }
+    const std::size_t rows = pages * page_size * kKvHeads;
+    k.resize(rows * kHeadDim);
+    v.resize(rows * kHeadDim);
+    float* ks = nullptr;
+    float* vs = nullptr;
+    if (rope::KvElement<E>::kScaled) {
+      k_scales.resize(rows);
+      v_scales.resize(rows);
+      ks = k_scales.data();
+      vs = v_scales.data();
+    }
+    cache.k = ra::PagePool<E>::nhd(k.data(), pages, page_size, kKvHeads, kHeadDim, ks);
+    cache.v = ra::PagePool<E>::nhd(v.data(), pages, page_size, kKvHeads, kHeadDim, vs);
+    fill(page_size);
+    Noise noise{7};
+    q.resize(n * kQHeads * kHeadDim);
+    for (float& x : q) x = noise();
+    out.resize(q.size());
+  }
+
+  // Each sequence's rows written through write_slots, a chunk of tokens at a
+  // time, rounded into E as an engine's projection would store them.
+  void fill(std::size_t page_size) {
+    constexpr std::size_t kChunk = 512;
+    std::vector<float> kn(kChunk * kKvHeads * kHeadDim), vn(kn.size());
+    std::vector<std::int64_t> slots(kChunk);
+    Noise noise{12345};
+    for (std::size_t b = 0; b < lengths.size(); ++b) {
+      const std::size_t len = static_cast<std::size_t>(lengths[b]);
+      for (std::size_t j0 = 0; j0 < len; j0 += kChunk) {
+        const std::size_t count = std::min(kChunk, len - j0);
+        for (std::size_t i = 0; i < count * kKvHeads * kHeadDim; ++i) {
+          kn[i] = noise();
+          vn[i] = noise();
+        }
+        for (std::size_t i = 0; i < count; ++i) {
+          const std::size_t j = j0 + i;
+          slots[i] = static_cast<std::int64_t>(
+              static_cast<std::size_t>(block_table[b * stride + j / page_size]) * page_size + j % page_size);
+        }
+        ra::write_slots(rope::View<const float>::token_major(kn.data(), count, kKvHeads, kHeadDim),
+                        rope::View<const float>::token_major(vn.data(), count, kKvHeads, kHeadDim), slots.data(),
+                        cache);
+      }
+    }
+  }
+
+  ra::Batch batch() const noexcept {
+    return {q_starts.data(), lengths.data(), block_table.data(), stride, lengths.size()};
+  }
+};
+
+template <class E>
+void batch_case(benchmark::State& state, std::vector<std::int64_t> lengths, Layout layout, std::size_t threads,
+                std::string key) {
+  auto& c = hold<BatchCase<E>>(key, [&] { return std::make_unique<BatchCase<E>>(lengths, layout); });
+  const std::size_t n = c.lengths.size();
+  const auto q = rope::View<const float>::token_major(c.q.data(), n, kQHeads, kHeadDim);
+  const auto out = rope::View<float>::token_major(c.out.data(), n, kQHeads, kHeadDim);
+  const ra::Batch batch = c.batch();
+  ra::BatchOptions o;
+  o.threads = threads;
+  ra::BatchWorkspace ws;
+  ra::softmax_batch(q, c.cache, batch, out, o, &ws);  // grows the workspace outside the timing
+  for (auto _ : state) {
+    ra::softmax_batch(q, c.cache, batch, out, o, &ws);
+    benchmark::DoNotOptimize(c.out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(kv_bytes<E>(c.lengths)));
+}
+
+// The bytes of a batch_decode call, contiguous, as 32-bit words.
+struct ReadCase : Held {
+  std::vector<std::uint32_t> words;
+  explicit ReadCase(std::size_t bytes) : words(bytes / sizeof(std::uint32_t)) {
+    std::uint32_t s = 1;
+    for (auto& w : words) w = s = s * 1664525u + 1013904223u;
+  }
+};
+
+std::uint32_t sum_words(const std::uint32_t* p, std::size_t n) noexcept {
+  using B = xsimd::batch<std::uint32_t>;
+  constexpr std::size_t W = B::size;
+  B a0(0u), a1(0u), a2(0u), a3(0u);
+  std::size_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    a0 += B::load_unaligned(p + i);
+    a1 += B::load_unaligned(p + i + W);
+    a2 += B::load_unaligned(p + i + 2 * W);
+    a3 += B::load_unaligned(p + i + 3 * W);
+  }
+  std::uint32_t s = rope::detail::sum_lanes((a0 + a1) + (a2 + a3));
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
+template <class E>
+void read_case(benchmark::State& state, std::string key) {
+  const std::vector<std::int64_t> lengths(std::begin(kBatchLengths), std::end(kBatchLengths));
+  const std::size_t bytes = kv_bytes<E>(lengths);
+  auto& c = hold<ReadCase>(key, [&] { return std::make_unique<ReadCase>(bytes); });
+  for (auto _ : state) {
+    std::uint32_t s = sum_words(c.words.data(), c.words.size());
+    benchmark::DoNotOptimize(s);
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(bytes));
+}
+
+template <class E>
+void register_kv() {
+  const std::string kv = KvName<E>::value;
+  const std::vector<std::int64_t> lengths(std::begin(kBatchLengths), std::end(kBatchLengths));
+  for (const Layout layout : {Layout::contiguous, Layout::paged}) {
+    const std::string key = kv + (layout == Layout::paged ? "/paged" : "/contiguous");
+    for (const std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
+      benchmark::RegisterBenchmark(("attention/batch_decode/" + key + "/T" + std::to_string(threads)).c_str(),
+                                   batch_case<E>, lengths, layout, threads, "batch/" + key)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+    }
+  }
+  benchmark::RegisterBenchmark(("attention/batch_decode/read/" + kv).c_str(), read_case<E>, "read/" + kv)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+}
+
+// Registered in this order so that the cases of one cache run one after
+// another (without --benchmark_enable_random_interleaving).
+const bool kRegistered = [] {
+  register_kv<float>();
+  register_kv<rope::BFloat16>();
+  register_kv<rope::Float16>();
+  register_kv<std::int8_t>();
+  for (const std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
+    benchmark::RegisterBenchmark(("attention/long_decode/bf16/paged/T" + std::to_string(threads)).c_str(),
+                                 batch_case<rope::BFloat16>, std::vector<std::int64_t>{kLongLength}, Layout::paged,
+                                 threads, std::string("long/bf16/paged"))
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+  }
+  return true;
+}();
+
+}  // namespace
