@@ -13,6 +13,7 @@
 
 #include "rope.hpp"
 
+#include "attention/append.hpp"
 #include "attention/batch.hpp"
 #include "attention/common.hpp"
 #include "attention/features.hpp"

@@ -57,6 +57,7 @@
 #include "../detail/parallel.hpp"
 #include "../kernels/kv_rows.hpp"
 #include "../tensor/dispatch_table.hpp"
+#include "append.hpp"
 #include "checks.hpp"
 #include "paged.hpp"
 #include "rows.hpp"
@@ -539,18 +540,13 @@ void softmax_batch_step(const View<QV>& q_view, const View<QV>& k_view, const Vi
       positions[t] = static_cast<std::int64_t>(p);
     }
   }
-  detail::check_new_rows(fn, "k_new", View<const Q>(k_new), "cache.k", cache.k, slots.data());
-  detail::check_new_rows(fn, "v_new", View<const Q>(v_new), "cache.v", cache.v, slots.data());
-  detail::check_apart(fn, "k_new", k_new, "cache.v", cache.v);
-  detail::check_apart(fn, "v_new", v_new, "cache.k", cache.k);
+  detail::check_writes(fn, k_new, v_new, slots.data(), cache, "k_new", "v_new");
   rope::detail::check_disjoint(fn, "out", out, "k_new", k_new);
   rope::detail::check_disjoint(fn, "out", out, "v_new", v_new);
   // The only writes before the attention, after every check.
-  std::vector<float> row(std::max(plan.d, plan.dv));
-  for (std::size_t t = 0; t < q.tokens; ++t) {
-    detail::write_token(View<const Q>(k_new), View<const Q>(v_new), t, static_cast<std::size_t>(slots[t]), cache,
-                        options.rotation, plan.rotary_dim, positions[t], row.data());
-  }
+  const detail::TokenWriter<Q, E> writer{k_new, v_new, cache, options.rotation, plan.rotary_dim, {}, {}};
+  std::vector<float> row(std::max(k_new.heads * plan.d, plan.dv));
+  for (std::size_t t = 0; t < q.tokens; ++t) writer.write(t, slots[t], positions[t], row.data());
   detail::run_batch<Q, E, O>(q, cache, batch, out, options, plan, ws);
 }
 

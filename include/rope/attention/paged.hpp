@@ -18,10 +18,8 @@
 // page_size + j % page_size (batch.hpp). Pages may be shared read-only by
 // several sequences (a common prefix).
 //
-// write_slots writes new K and V rows by slot mapping (slot -1: skip), each
-// value rounded once into E, K rotated at its position first when asked:
-// what an engine calls after its K/V projection (vLLM's reshape_and_cache).
-// Every argument is checked before anything is written.
+// The writers (append.hpp): write_slots, by slot mapping, and
+// norm_rope_append, the fused step before attention.
 #pragma once
 
 #include <algorithm>
@@ -224,77 +222,6 @@ void widen_row(const In* x, std::size_t n, float* out) noexcept {
   for (std::size_t c = 0; c < n; ++c) out[c] = rope::detail::widen_value(x[c]);
 }
 
-// Writes token t's K rows (rotated at position m when rotation has a table)
-// and V rows into slot s of the cache, each value rounded once into E.
-// scratch holds head_dim floats.
-template <class In, class E>
-void write_token(const View<const In>& k, const View<const In>& v, std::size_t t, std::size_t s,
-                 const PagedCache<E>& cache, const Rotation<float>& rotation, std::size_t rotary_dim, std::int64_t m,
-                 float* scratch) noexcept {
-  for (std::size_t h = 0; h < k.heads; ++h) {
-    widen_row(k.row(t, h), k.head_dim, scratch);
-    rotate_at(rotation, rotary_dim, static_cast<std::size_t>(m), scratch, scratch, 0, 1, k.head_dim);
-    store_kv_row(scratch, k.head_dim, cache.k.row(s, h), KvElement<E>::kScaled ? cache.k.scale(s, h) : nullptr);
-  }
-  for (std::size_t h = 0; h < v.heads; ++h) {
-    widen_row(v.row(t, h), v.head_dim, scratch);
-    store_kv_row(scratch, v.head_dim, cache.v.row(s, h), KvElement<E>::kScaled ? cache.v.scale(s, h) : nullptr);
-  }
-}
-
 }  // namespace detail
-
-// How write_slots rotates K: with rotation.table set, token t's K rows are
-// rotated at positions[t] (positions: one per new token, inside the table)
-// before they are rounded into the cache. Without a table, K is written as
-// given (already rotated, or a model without RoPE on that layer).
-struct WriteOptions {
-  Rotation<float> rotation;
-  const std::int64_t* positions = nullptr;
-};
-
-// Writes new tokens' K and V rows ([tokens, kv_heads, head_dim] views of
-// float, BFloat16 or Float16) into the cache's slots: token t into slots[t],
-// or nowhere when slots[t] == -1. Each value is rounded once into E (int8:
-// quantized with its vector's scale, written beside it). Refused, before
-// anything is written: a slot outside the pool, two tokens on one slot, rows
-// that do not fit the pools, views that overlap the pools (except rows that
-// already are their own slot's row: the projection wrote them into the
-// cache; they are left as they are, or rotated in place), positions outside
-// the table.
-template <class InV, class E>
-void write_slots(const View<InV>& k_view, const View<InV>& v_view, const std::int64_t* slots,
-                 const PagedCache<E>& cache, const WriteOptions& options = {}) {
-  using In = std::remove_const_t<InV>;
-  const View<const In> k_new(k_view), v_new(v_view);
-  detail::check_kv_element<E>();
-  detail::check_row_type<In>();
-  const char* fn = "rope::attention::write_slots";
-  detail::check_cache(fn, cache);
-  if (v_new.tokens != k_new.tokens) {
-    detail::fail(fn, "v_new.tokens", "k_new.tokens = " + detail::to_text(k_new.tokens), v_new.tokens);
-  }
-  const std::size_t n = k_new.tokens;
-  detail::check_slots(fn, "slots", slots, n, cache.k.slots());
-  detail::check_new_rows(fn, "k_new", k_new, "cache.k", cache.k, slots);
-  detail::check_new_rows(fn, "v_new", v_new, "cache.v", cache.v, slots);
-  detail::check_apart(fn, "k_new", k_new, "cache.v", cache.v);
-  detail::check_apart(fn, "v_new", v_new, "cache.k", cache.k);
-  const std::size_t rotary_dim = detail::rotary_width(fn, "options.rotation", options.rotation, k_new.head_dim);
-  if (options.rotation.table != nullptr) {
-    if (n > 0 && options.positions == nullptr) {
-      detail::fail(fn, "options.positions", "non-null when options.rotation has a table", nullptr);
-    }
-    rope::detail::check_positions(fn, rope::Positions(options.positions), n, options.rotation.table->positions(),
-                                  {"options.positions", "options.positions"});
-  }
-  std::vector<float> scratch(std::max(k_new.head_dim, v_new.head_dim));
-  for (std::size_t t = 0; t < n; ++t) {
-    if (slots[t] < 0) continue;
-    const std::int64_t m = options.rotation.table != nullptr ? options.positions[t] : 0;
-    detail::write_token(View<const In>(k_new), View<const In>(v_new), t, static_cast<std::size_t>(slots[t]), cache,
-                        options.rotation, rotary_dim, m, scratch.data());
-  }
-}
 
 }  // namespace rope::attention

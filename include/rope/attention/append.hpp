@@ -1,0 +1,294 @@
+// rope/attention/append.hpp — the one writer of a paged KV cache, and the
+// step before attention in one pass over a token's Q, K and V rows.
+//
+// For each new token t (its rows widened to float, in registers and L1 while
+// they are worked on):
+//   Q heads: RMSNorm (optional), RoPE at the token's position, rounded once
+//            into q_out (which may be q itself);
+//   K heads: RMSNorm (optional), RoPE, rounded once into the cache slot
+//            slots[t] (int8: quantized with its vector's scale), and, only
+//            when options.write_back_k, also into k itself;
+//   V heads: rounded once into the slot.
+// slots[t] == -1: Q is still normalized and rotated, nothing is written to
+// the cache (a padding token). write_slots is the same writer without the
+// norm and without Q; softmax_batch_step writes its tokens through it too.
+//
+// RMSNorm, in float, as the reference models compute it (in f32), with the
+// operations in this order so that a plain loop reproduces the bits:
+//   ss = fma(x_c, x_c, ss) over c = 0 .. n-1 in order (ss starts at 0)
+//   r  = 1 / sqrt(ss / n + eps)
+//   y_c = (x_c * r) * w_c          (or (x_c * r) * (1 + w_c): Gemma's form)
+// over one head's head_dim channels (per-head QK-norm: Qwen3, Gemma 3) or
+// over all of a token's Q (or K) channels at once (whole projection:
+// OLMo 2), the weight holding that many values. One rounding of y into the
+// stored type follows the rotation; models that round x * r to their
+// activation type before the weight differ from this by that rounding.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "../detail/parallel.hpp"
+#include "../kernels/kv_rows.hpp"
+#include "../tensor/checks.hpp"
+#include "../tensor/view_checks.hpp"
+#include "checks.hpp"
+#include "paged.hpp"
+#include "rows.hpp"
+#include "types.hpp"
+
+namespace rope::attention {
+
+// How write_slots rotates K: with rotation.table set, token t's K rows are
+// rotated at positions[t] (positions: one per new token, inside the table)
+// before they are rounded into the cache. Without a table, K is written as
+// given (already rotated, or a model without RoPE on that layer).
+struct WriteOptions {
+  Rotation<float> rotation;
+  const std::int64_t* positions = nullptr;
+};
+
+// RMSNorm weights of one side (Q or K): null for no norm on that side;
+// else `size` values: head_dim for a per-head norm, heads * head_dim with
+// whole_projection.
+struct NormWeights {
+  const float* data = nullptr;
+  std::size_t size = 0;
+};
+
+struct AppendOptions {
+  Rotation<float> rotation;  // no table: no RoPE (the norm and the writes only)
+  NormWeights q_norm, k_norm;
+  double eps = 1e-6;              // > 0 and finite, when a norm is set
+  bool plus_one = false;          // y = x r (1 + w) (Gemma) instead of x r w
+  bool whole_projection = false;  // one norm over all heads' channels (OLMo 2)
+  bool write_back_k = false;      // also write the normalized, rotated K into k
+  std::size_t threads = 1;        // over tokens
+  Executor executor;
+};
+
+namespace detail {
+
+// The norm of one side: per head, or over every head of the token at once.
+struct Norm {
+  const float* weight = nullptr;  // null: none
+  float eps = 0;
+  bool plus_one = false;
+  bool whole = false;
+};
+
+// y = RMSNorm(x) over n floats in place (see the header comment).
+inline void rms_norm(float* x, std::size_t n, const float* w, float eps, bool plus_one) noexcept {
+  float ss = 0.0f;
+  for (std::size_t c = 0; c < n; ++c) ss = std::fma(x[c], x[c], ss);
+  const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (std::size_t c = 0; c < n; ++c) x[c] = (x[c] * r) * (plus_one ? 1.0f + w[c] : w[c]);
+}
+
+// `heads` rows of d floats (row h at x + h * d): normalized (per head or
+// over all of them), then rotated at position m.
+inline void norm_rotate(float* x, std::size_t heads, std::size_t d, const Norm& norm, const Rotation<float>& rotation,
+                        std::size_t rotary_dim, std::size_t m) noexcept {
+  if (norm.weight != nullptr) {
+    if (norm.whole) {
+      rms_norm(x, heads * d, norm.weight, norm.eps, norm.plus_one);
+    } else {
+      for (std::size_t h = 0; h < heads; ++h) rms_norm(x + h * d, d, norm.weight, norm.eps, norm.plus_one);
+    }
+  }
+  for (std::size_t h = 0; h < heads; ++h) rotate_at(rotation, rotary_dim, m, x + h * d, x + h * d, 0, 1, d);
+}
+
+// What one token's write needs, checked.
+template <class In, class E>
+struct TokenWriter {
+  View<const In> k, v;
+  PagedCache<E> cache;
+  Rotation<float> rotation;
+  std::size_t rotary_dim = 0;
+  Norm k_norm;
+  View<In> k_back;  // data null: K not written back
+
+  // Token t's K rows (normalized, rotated at m) and V rows into slot s (s
+  // < 0: only the write-back), each value rounded once. scratch: heads * d floats.
+  void write(std::size_t t, std::int64_t s, std::int64_t m, float* scratch) const noexcept {
+    if (s < 0 && k_back.data == nullptr) return;
+    const std::size_t d = k.head_dim;
+    for (std::size_t h = 0; h < k.heads; ++h) widen_row(k.row(t, h), d, scratch + h * d);
+    norm_rotate(scratch, k.heads, d, k_norm, rotation, rotary_dim, static_cast<std::size_t>(m));
+    if (k_back.data != nullptr) {
+      for (std::size_t h = 0; h < k.heads; ++h) store_kv_row(scratch + h * d, d, k_back.row(t, h), nullptr);
+    }
+    if (s < 0) return;
+    const auto slot = static_cast<std::size_t>(s);
+    for (std::size_t h = 0; h < k.heads; ++h) {
+      store_kv_row(scratch + h * d, d, cache.k.row(slot, h), KvElement<E>::kScaled ? cache.k.scale(slot, h) : nullptr);
+    }
+    for (std::size_t h = 0; h < v.heads; ++h) {
+      widen_row(v.row(t, h), v.head_dim, scratch);
+      store_kv_row(scratch, v.head_dim, cache.v.row(slot, h), KvElement<E>::kScaled ? cache.v.scale(slot, h) : nullptr);
+    }
+  }
+};
+
+// Checks new K and V rows against the cache and the slots: every slot -1
+// or inside the pool, none twice, rows that fit the pools, and memory apart
+// from them (or each row already its own slot's row).
+template <class In, class E>
+void check_writes(const char* fn, const View<const In>& k, const View<const In>& v, const std::int64_t* slots,
+                  const PagedCache<E>& cache, const char* k_name, const char* v_name) {
+  check_cache(fn, cache);
+  if (v.tokens != k.tokens)
+    fail(fn, field(v_name, "tokens"), field(k_name, "tokens") + " = " + to_text(k.tokens), v.tokens);
+  check_slots(fn, "slots", slots, k.tokens, cache.k.slots());
+  check_new_rows(fn, k_name, k, "cache.k", cache.k, slots);
+  check_new_rows(fn, v_name, v, "cache.v", cache.v, slots);
+  check_apart(fn, k_name, k, "cache.v", cache.v);
+  check_apart(fn, v_name, v, "cache.k", cache.k);
+}
+
+// One side's norm weights: null (no norm) or exactly `expected` values.
+inline Norm norm_of(const char* fn, const char* name, const NormWeights& w, std::size_t expected,
+                    const AppendOptions& o) {
+  Norm n;
+  if (w.data == nullptr) {
+    if (w.size != 0) fail(fn, std::string(name) + ".data", "non-null for " + to_text(w.size) + " weights", nullptr);
+    return n;
+  }
+  if (w.size != expected) {
+    fail(fn, std::string(name) + ".size",
+         to_text(expected) + (o.whole_projection ? " (heads * head_dim: options.whole_projection)" : " (head_dim)"),
+         w.size);
+  }
+  const auto eps = static_cast<float>(o.eps);
+  if (!(o.eps > 0) || !std::isfinite(o.eps) || !(eps > 0)) fail(fn, "options.eps", "finite and > 0", o.eps);
+  n.weight = w.data;
+  n.eps = eps;
+  n.plus_one = o.plus_one;
+  n.whole = o.whole_projection;
+  return n;
+}
+
+}  // namespace detail
+
+// Writes new tokens' K and V rows ([tokens, kv_heads, head_dim] views of
+// float, BFloat16 or Float16) into the cache's slots: token t into slots[t],
+// or nowhere when slots[t] == -1. Each value is rounded once into E (int8:
+// quantized with its vector's scale, written beside it). Refused, before
+// anything is written: a slot outside the pool, two tokens on one slot, rows
+// that do not fit the pools, views that overlap the pools (except rows that
+// already are their own slot's row: the projection wrote them into the
+// cache; they are left as they are, or rotated in place), positions outside
+// the table.
+template <class InV, class E>
+void write_slots(const View<InV>& k_view, const View<InV>& v_view, const std::int64_t* slots,
+                 const PagedCache<E>& cache, const WriteOptions& options = {}) {
+  using In = std::remove_const_t<InV>;
+  detail::check_kv_element<E>();
+  detail::check_row_type<In>();
+  const char* fn = "rope::attention::write_slots";
+  const View<const In> k_new(k_view), v_new(v_view);
+  detail::check_writes(fn, k_new, v_new, slots, cache, "k_new", "v_new");
+  const std::size_t n = k_new.tokens;
+  const std::size_t rotary_dim = detail::rotary_width(fn, "options.rotation", options.rotation, k_new.head_dim);
+  if (options.rotation.table != nullptr) {
+    if (n > 0 && options.positions == nullptr) {
+      detail::fail(fn, "options.positions", "non-null when options.rotation has a table", nullptr);
+    }
+    rope::detail::check_positions(fn, rope::Positions(options.positions), n, options.rotation.table->positions(),
+                                  {"options.positions", "options.positions"});
+  }
+  const detail::TokenWriter<In, E> writer{k_new, v_new, cache, options.rotation, rotary_dim, {}, {}};
+  std::vector<float> scratch(std::max(k_new.heads * k_new.head_dim, v_new.head_dim));
+  for (std::size_t t = 0; t < n; ++t) {
+    if (slots[t] < 0) continue;
+    const std::int64_t m = options.rotation.table != nullptr ? options.positions[t] : 0;
+    writer.write(t, slots[t], m, scratch.data());
+  }
+}
+
+// The step before attention, one pass per token (see the header comment):
+// q [tokens, q_heads, head_dim] normalized and rotated into q_out (q_out
+// may be q itself: in place), k and v [tokens, kv_heads, head_dim] written
+// into the cache's slots (slots[t] == -1: not written), K normalized and
+// rotated first, and written back into k too only with
+// options.write_back_k. Token t is at positions.at(t) (an offset or one id
+// per token). q, k, v: float, BFloat16 or Float16 (one type; e.g. the three
+// parts of a fused QKV buffer, rope::split_qkv); q_out: float, BFloat16 or
+// Float16. Refused before anything is written: slots outside the pool or
+// twice, norm weights of the wrong length, eps <= 0 or not finite,
+// positions outside the table, views that overlap each other or the cache
+// (q_out may be q; k and v may already be their own slots' rows).
+template <class InV, class QO, class E>
+void norm_rope_append(const View<InV>& q_view, const View<InV>& k_view, const View<InV>& v_view, Positions positions,
+                      const std::int64_t* slots, const PagedCache<E>& cache, View<QO> q_out,
+                      const AppendOptions& options = {}) {
+  using In = std::remove_const_t<InV>;
+  detail::check_kv_element<E>();
+  detail::check_row_type<In>();
+  detail::check_row_type<QO>();
+  const char* fn = "rope::attention::norm_rope_append";
+  const View<const In> q(q_view), k(k_view), v(v_view);
+  rope::detail::check_view(fn, "q", q);
+  rope::detail::check_view(fn, "q_out", q_out);
+  detail::check_writes(fn, k, v, slots, cache, "k", "v");
+  if (k.tokens != q.tokens) detail::fail(fn, "k.tokens", "q.tokens = " + detail::to_text(q.tokens), k.tokens);
+  if (k.head_dim != q.head_dim) {
+    detail::fail(fn, "k.head_dim", "q.head_dim = " + detail::to_text(q.head_dim), k.head_dim);
+  }
+  if (q_out.tokens != q.tokens)
+    detail::fail(fn, "q_out.tokens", "q.tokens = " + detail::to_text(q.tokens), q_out.tokens);
+  if (q_out.heads != q.heads) detail::fail(fn, "q_out.heads", "q.heads = " + detail::to_text(q.heads), q_out.heads);
+  if (q_out.head_dim != q.head_dim) {
+    detail::fail(fn, "q_out.head_dim", "q.head_dim = " + detail::to_text(q.head_dim), q_out.head_dim);
+  }
+  const bool q_in_place = std::is_same<In, QO>::value && static_cast<const void*>(q_out.data) == q.data &&
+                          q_out.token_stride == q.token_stride && q_out.head_stride == q.head_stride;
+  if (!q_in_place) rope::detail::check_disjoint(fn, "q_out", q_out, "q", q);
+  rope::detail::check_disjoint(fn, "q_out", q_out, "k", k);
+  rope::detail::check_disjoint(fn, "q_out", q_out, "v", v);
+  detail::check_apart(fn, "q_out", q_out, "cache.k", cache.k);
+  detail::check_apart(fn, "q_out", q_out, "cache.v", cache.v);
+  detail::check_apart(fn, "q", q, "cache.k", cache.k);
+  detail::check_apart(fn, "q", q, "cache.v", cache.v);
+  if (options.write_back_k) {
+    if (std::is_const<InV>::value) detail::fail(fn, "options.write_back_k", "false for a read-only k view", "true");
+    rope::detail::check_disjoint(fn, "k", k, "q", q);
+    rope::detail::check_disjoint(fn, "k", k, "v", v);
+    if (!q_in_place) rope::detail::check_disjoint(fn, "k", k, "q_out", q_out);
+  }
+  const detail::Norm q_norm = detail::norm_of(fn, "options.q_norm", options.q_norm,
+                                              options.whole_projection ? q.heads * q.head_dim : q.head_dim, options);
+  const detail::Norm k_norm = detail::norm_of(fn, "options.k_norm", options.k_norm,
+                                              options.whole_projection ? k.heads * k.head_dim : k.head_dim, options);
+  const std::size_t rotary_dim = detail::rotary_width(fn, "options.rotation", options.rotation, q.head_dim);
+  if (options.rotation.table != nullptr) {
+    rope::detail::check_positions(fn, positions, q.tokens, options.rotation.table->positions());
+  }
+  rope::detail::check_threads(fn, "options.threads", options.threads);
+  rope::detail::check_executor(fn, "options.executor.workers", options.executor);
+  View<In> k_back;
+  if (options.write_back_k) {
+    k_back = View<In>(const_cast<In*>(k.data), k.tokens, k.heads, k.head_dim, k.token_stride, k.head_stride);
+  }
+  const detail::TokenWriter<In, E> writer{k, v, cache, options.rotation, rotary_dim, k_norm, k_back};
+  const std::size_t workers = std::max<std::size_t>(1, rope::detail::thread_count(options.threads, options.executor));
+  const std::size_t per = std::max({q.heads * q.head_dim, k.heads * k.head_dim, v.head_dim});
+  std::vector<float> scratch(workers * per);
+  rope::detail::parallel_for(q.tokens, options.threads, options.executor, [&](std::size_t t, std::size_t w) {
+    float* x = scratch.data() + w * per;
+    const std::int64_t m = options.rotation.table != nullptr ? positions.at(t) : 0;
+    // Q first: q_out may be q, and K's write-back never touches q.
+    for (std::size_t h = 0; h < q.heads; ++h) detail::widen_row(q.row(t, h), q.head_dim, x + h * q.head_dim);
+    detail::norm_rotate(x, q.heads, q.head_dim, q_norm, options.rotation, rotary_dim, static_cast<std::size_t>(m));
+    for (std::size_t h = 0; h < q.heads; ++h) store_kv_row(x + h * q.head_dim, q.head_dim, q_out.row(t, h), nullptr);
+    writer.write(t, slots[t], m, x);
+  });
+}
+
+}  // namespace rope::attention
