@@ -44,6 +44,7 @@
 #include <Eigen/Core>
 
 #include "../view.hpp"
+#include "append.hpp"
 #include "common.hpp"
 #include "options.hpp"
 #include "softmax_tile.hpp"
@@ -209,9 +210,24 @@ StepPlan<T> plan_step(const char* fn, std::size_t n, std::size_t length, std::si
 
 // Writes the new keys, rotated at their positions, and values into the
 // cache's tokens [length, length + n).
+// A float cache is written by the one writer of caches (append.hpp), as a
+// pool of one page; a double cache as below, with the same rotation.
 template <class T>
 void append_step(const View<const T>& k_new, const View<const T>& v_new, const KvCache<T>& cache,
-                 const Rotation<T>& rotation, const StepPlan<T>& step) noexcept {
+                 const Rotation<T>& rotation, const StepPlan<T>& step) {
+  if constexpr (std::is_same<T, float>::value) {
+    const auto pool = [](const View<float>& c) {
+      const std::size_t span = c.tokens * c.token_stride + c.heads * c.head_stride;
+      return PagePool<float>{c.data, nullptr, 1, c.tokens, c.heads, c.head_dim, span, c.token_stride, c.head_stride};
+    };
+    const TokenWriter<float, float> writer{k_new, v_new, {pool(cache.k), pool(cache.v)}, rotation, step.plan.rotary_dim,
+                                           {},    {}};
+    std::vector<float> scratch(std::max(k_new.heads * k_new.head_dim, v_new.head_dim));
+    for (std::size_t t = 0; t < k_new.tokens; ++t) {
+      writer.write(t, static_cast<std::int64_t>(cache.length + t), step.new_positions[t], scratch.data());
+    }
+    return;
+  }
   const View<T> k_slot = cache.k.slice_tokens(cache.length, k_new.tokens);
   const View<T> v_slot = cache.v.slice_tokens(cache.length, k_new.tokens);
   for (std::size_t t = 0; t < k_new.tokens; ++t) {
