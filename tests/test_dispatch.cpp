@@ -17,17 +17,27 @@
 //     whole step, on an overlapping last step and shorter than a step for
 //     every instruction set; one and two threads; cached and streaming stores;
 //   - install, uninstall, force and reset do what they say, and force refuses
-//     a name it does not know, naming the choices.
+//     a name it does not know, naming the choices;
+//   - batched attention's keys (kernels/kv_rows.hpp, attend_keys) go through
+//     the table too: for every instruction set this CPU runs, forced, over
+//     caches of float, bfloat16, float16 and int8, within float rounding of
+//     a double recomputation; forced to the baseline, the same bytes as this
+//     program's header-only path.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <iostream>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include <rope/dispatch.hpp>
+#include <rope/kernels/kv_rows.hpp>
+#include <rope/tensor/dispatch_table.hpp>
 
 #include "rounding_oracle.hpp"
 
@@ -168,6 +178,141 @@ TYPED_TEST(DispatchTypes, BaselineForcedEqualsThisProgramsHeaderOnlyPath) {
   for (std::size_t i = 0; i < header_only.size(); ++i) {
     ASSERT_TRUE(rope_test::same_bytes(header_only[i], dispatched[i])) << "call " << i;
   }
+}
+
+// One item of batched attention over a paged cache of E: 8 query heads on 2
+// key/value heads, head_dim 72 (a tail for every instruction set), 150 keys
+// in pages of 16 given out of order (a chunk of 64 keys and a partial one).
+template <class E>
+struct AttendCase {
+  static constexpr std::size_t kHeads = 8, kKvHeads = 2, kDim = 72, kPage = 16, kPages = 12, kKeys = 150;
+  std::vector<E> k, v;
+  std::vector<float> k_scales, v_scales, q;
+  std::vector<std::int32_t> pages;
+  rope::KvKeys<E> keys;
+
+  AttendCase() : k(kPages * kPage * kKvHeads * kDim), v(k.size()), q(kHeads * kDim) {
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    const bool scaled = rope::KvElement<E>::kScaled;
+    for (std::size_t i = 0; i < k.size(); ++i) {
+      k[i] = scaled ? E(static_cast<int>(std::lround(127 * u(rng)))) : E(u(rng));
+      v[i] = scaled ? E(static_cast<int>(std::lround(127 * u(rng)))) : E(u(rng));
+    }
+    if (scaled) {
+      k_scales.assign(kPages * kPage * kKvHeads, 0.0f);
+      v_scales.assign(k_scales.size(), 0.0f);
+      for (auto& s : k_scales) s = 0.01f * (1.5f + u(rng));
+      for (auto& s : v_scales) s = 0.01f * (1.5f + u(rng));
+    }
+    for (auto& x : q) x = u(rng);
+    pages = {5, 2, 9, 0, 11, 7, 3, 8, 1, 10};
+    keys.k = k.data();
+    keys.v = v.data();
+    keys.k_scales = scaled ? k_scales.data() : nullptr;
+    keys.v_scales = scaled ? v_scales.data() : nullptr;
+    keys.pages = pages.data();
+    keys.page_size = kPage;
+    keys.k_page_stride = keys.v_page_stride = kPage * kKvHeads * kDim;
+    keys.k_token_stride = keys.v_token_stride = kKvHeads * kDim;
+    keys.k_head_stride = keys.v_head_stride = kDim;
+    keys.first_key = 3;
+    keys.keys = kKeys - 3;
+    keys.q_heads = kHeads;
+    keys.kv_heads = kKvHeads;
+    keys.d = keys.dv = kDim;
+    keys.chunk = 64;
+    keys.scale = 0.125f;
+  }
+
+  double value(const std::vector<E>& x, const std::vector<float>& scales, std::size_t slot, std::size_t g,
+               std::size_t c) const {
+    const double s = scales.empty() ? 1.0 : scales[slot * kKvHeads + g];
+    return s * rope::detail::widen_value(x[slot * kKvHeads * kDim + g * kDim + c]);
+  }
+
+  // out[h * kDim + c] = the softmax-weighted values of head h, in double.
+  std::vector<double> oracle() const {
+    std::vector<double> out(kHeads * kDim, 0.0);
+    for (std::size_t h = 0; h < kHeads; ++h) {
+      const std::size_t g = h / (kHeads / kKvHeads);
+      std::vector<double> s;
+      for (std::size_t j = keys.first_key; j < keys.first_key + keys.keys; ++j) {
+        const std::size_t slot = static_cast<std::size_t>(pages[j / kPage]) * kPage + j % kPage;
+        double dot = 0;
+        for (std::size_t c = 0; c < kDim; ++c) dot += double(q[h * kDim + c]) * value(k, k_scales, slot, g, c);
+        s.push_back(double(keys.scale) * dot);
+      }
+      const double m = *std::max_element(s.begin(), s.end());
+      double l = 0;
+      for (double& x : s) l += (x = std::exp(x - m));
+      for (std::size_t j = 0; j < s.size(); ++j) {
+        const std::size_t key = keys.first_key + j;
+        const std::size_t slot = static_cast<std::size_t>(pages[key / kPage]) * kPage + key % kPage;
+        for (std::size_t c = 0; c < kDim; ++c) out[h * kDim + c] += s[j] / l * value(v, v_scales, slot, g, c);
+      }
+    }
+    return out;
+  }
+
+  // The attention rows through whichever attend_keys is given (null: this
+  // program's compiled-in one).
+  std::vector<float> run(rope::detail::AttendKeys<E> attend) const {
+    std::vector<float> work(rope::attend_work(kHeads, kDim, kDim, keys.chunk)), m(kHeads), l(kHeads),
+        acc(kHeads * kDim), out(kHeads * kDim);
+    if (attend != nullptr) {
+      attend(keys, q.data(), work.data(), m.data(), l.data(), acc.data());
+    } else {
+      rope::attend_keys<E>(keys, q.data(), work.data(), m.data(), l.data(), acc.data());
+    }
+    for (std::size_t h = 0; h < kHeads; ++h) {
+      for (std::size_t c = 0; c < kDim; ++c) out[h * kDim + c] = acc[h * kDim + c] / l[h];
+    }
+    return out;
+  }
+};
+
+template <class E>
+class DispatchAttend : public Dispatch {};
+using KvTypes = ::testing::Types<float, rope::BFloat16, rope::Float16, std::int8_t>;
+struct KvTypeNames {
+  template <class E>
+  static std::string GetName(int) {
+    if (std::is_same<E, float>::value) return "f32";
+    if (std::is_same<E, std::int8_t>::value) return "i8";
+    return std::is_same<E, rope::BFloat16>::value ? "bf16" : "fp16";
+  }
+};
+TYPED_TEST_SUITE(DispatchAttend, KvTypes, KvTypeNames);
+
+// Values of magnitude <= 1 (int8: <= 127 * 0.025), weights summing to 1:
+// float rounding of scores and sums over 147 keys stays far below 1e-5.
+TYPED_TEST(DispatchAttend, EveryAvailableInstructionSetAttendsWithinFloatRounding) {
+  const AttendCase<TypeParam> c;
+  const std::vector<double> expected = c.oracle();
+  for (const auto& arch : rope::dispatch::available()) {
+    rope::dispatch::force(arch);
+    const auto attend = rope::detail::installed_attend<TypeParam>();
+    ASSERT_NE(attend, nullptr) << arch;
+    const std::vector<float> got = c.run(attend);
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], expected[i], 1e-5) << arch << " element " << i;
+    }
+  }
+  rope::dispatch::uninstall();
+  EXPECT_EQ(rope::detail::installed_attend<TypeParam>(), nullptr) << "uninstalled: the compiled-in path";
+}
+
+TYPED_TEST(DispatchAttend, BaselineForcedEqualsThisProgramsHeaderOnlyPath) {
+  const std::string baseline = xsimd::default_arch::name();
+  if (!contains(rope::dispatch::compiled(), baseline)) {
+    GTEST_SKIP() << "rope::dispatch has no table for this program's baseline, " << baseline;
+  }
+  const AttendCase<TypeParam> c;
+  const std::vector<float> header_only = c.run(nullptr);
+  rope::dispatch::force(baseline);
+  const std::vector<float> dispatched = c.run(rope::detail::installed_attend<TypeParam>());
+  EXPECT_TRUE(rope_test::same_bytes(header_only, dispatched));
 }
 
 }  // namespace

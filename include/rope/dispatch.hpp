@@ -8,7 +8,10 @@
 // apply_mrope and apply_axial built for each instruction set it knows
 // (x86-64: SSE2, AVX2 with FMA, AVX-512; aarch64: NEON). After install(),
 // those calls run the loop of the best instruction set the CPU runs, while
-// the rest of the program keeps baseline flags. Nothing else changes: the
+// the rest of the program keeps baseline flags. Batched attention over a KV
+// cache (rope::attention::softmax_batch, softmax_batch_step) runs its keys
+// (attend_keys: dot products, softmax, weighted values) through the same
+// table; the rest of the attention module runs with the caller's flags. Nothing else changes: the
 // same checks, the same results as a build for that instruction set.
 //
 //   rope::dispatch::install();          // once, e.g. at the start of main
