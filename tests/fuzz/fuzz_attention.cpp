@@ -1,6 +1,7 @@
 // The fuzz target's attention decoders: rope::attention's softmax (multi-head
 // views with grouped heads, masks, positions, a KV cache of rotated keys,
-// threads) and linear attention (given features with eq. 19, and FAVOR+
+// threads), softmax_batch and write_slots over paged caches of f32, bf16,
+// f16 and int8, and linear attention (given features with eq. 19, and FAVOR+
 // over views). A decoded call is valid or breaks exactly one argument; a
 // broken call must throw the documented exception and write nothing, a valid
 // one must equal the long-double oracle on every row that sees only finite
@@ -14,6 +15,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "fuzz_support.hpp"
@@ -466,6 +468,470 @@ void softmax_step_typed(Bytes& in) {
   ROPE_FUZZ_CHECK(std::memcmp(out.data(), want.data(), out.size() * sizeof(T)) == 0, where + ": the output");
 }
 
+// A pool of K or V rows for the batch decoders, its rows filled through
+// store_kv_row (int8: with their scales), or with a broken scales pointer.
+template <class E>
+struct PoolData {
+  std::vector<E> data;
+  std::vector<float> scales;
+  ra::PagePool<E> pool;
+};
+
+template <class E>
+void make_pool(PoolData<E>& p, Bytes& in, std::size_t pages, std::size_t page_size, std::size_t heads, std::size_t dim,
+               bool hnd) {
+  constexpr bool scaled = rope::KvElement<E>::kScaled;
+  p.data.assign(pages * page_size * heads * dim, E{});
+  p.scales.assign(pages * page_size * heads, 0.0f);
+  float* scales = scaled ? p.scales.data() : nullptr;
+  p.pool = hnd ? ra::PagePool<E>::hnd(p.data.data(), pages, page_size, heads, dim, scales)
+               : ra::PagePool<E>::nhd(p.data.data(), pages, page_size, heads, dim, scales);
+  std::vector<float> row(dim);
+  for (std::size_t slot = 0; slot < p.pool.slots(); ++slot) {
+    for (std::size_t h = 0; h < heads; ++h) {
+      for (auto& x : row) x = attention_element<float>(in);
+      rope::store_kv_row(row.data(), dim, p.pool.row(slot, h), scaled ? p.pool.scale(slot, h) : nullptr);
+    }
+  }
+}
+
+// Value c of row (slot, h) as the cache means it: widened, times its scale.
+template <class E>
+LD stored(const ra::PagePool<E>& p, std::size_t slot, std::size_t h, std::size_t c) {
+  const LD x = rope::detail::widen_value(p.row(slot, h)[c]);
+  return rope::KvElement<E>::kScaled ? x * LD(*p.scale(slot, h)) : x;
+}
+
+template <class E>
+bool same_pool(const PoolData<E>& p, const std::vector<E>& data, const std::vector<float>& scales) {
+  return std::memcmp(p.data.data(), data.data(), data.size() * sizeof(E)) == 0 &&
+         std::memcmp(p.scales.data(), scales.data(), scales.size() * sizeof(float)) == 0;
+}
+
+template <class T>
+T from_float(float x) {
+  if constexpr (std::is_same<T, float>::value) {
+    return x;
+  } else {
+    return T(x);
+  }
+}
+
+// softmax_batch over a paged cache of E: random sequences (new tokens,
+// lengths, block tables with ids outside the pool), options (scale, softcap,
+// sinks, window, rotation, kv_split, threads) and broken views. A refused
+// call throws and writes nothing; an accepted one leaves the pools as they
+// were, equals a long-double recomputation over the dequantized cache on
+// every row that sees only finite values, and is the same bytes with one
+// thread.
+template <class E>
+void batch_typed(Bytes& in) {
+  const std::size_t pages = 1 + in.u8() % 6, ps = 1 + in.u8() % 5, hk = 1 + in.u8() % 2, group = 1 + in.u8() % 3;
+  const std::size_t hq = hk * group, d = 1 + in.u8() % 9, dv = 1 + in.u8() % 6;
+  const bool hnd = in.flag();
+  const std::size_t sequences = in.u8() % 4, stride = in.u8() % 4, capacity = stride * ps;
+  std::vector<std::int64_t> n(sequences), lengths(sequences), q_starts(sequences + 1, 0);
+  for (std::size_t b = 0; b < sequences; ++b) {
+    n[b] = in.u8() % 4;
+    q_starts[b + 1] = q_starts[b] + n[b];
+    const std::uint8_t kind = in.u8() % 16;
+    const auto room = static_cast<std::int64_t>(capacity) - n[b];
+    lengths[b] = kind == 0   ? n[b] - 1
+                 : kind == 1 ? static_cast<std::int64_t>(capacity) + 1
+                             : n[b] + (room >= 0 ? static_cast<std::int64_t>(in.u8() % (room + 1)) : 0);
+  }
+  std::vector<std::int32_t> block_table(std::max<std::size_t>(sequences * stride, 1));
+  for (auto& id : block_table) {
+    id = in.u8() % 16 == 0 ? (in.flag() ? -1 : static_cast<std::int32_t>(pages))
+                           : static_cast<std::int32_t>(in.u8() % pages);
+  }
+  // Breaks are read before the long arrays, and 0 (what a short input reads)
+  // breaks nothing.
+  const std::uint8_t starts_break = in.u8() % 16, view_break = in.u8() % 16;
+  const std::size_t tokens = static_cast<std::size_t>(q_starts[sequences]) + (starts_break == 2 ? 1 : 0);
+  if (starts_break == 1) q_starts[0] = 1;
+
+  const bool rotate = in.flag();
+  const std::size_t table_dim = 2 * (1 + in.u8() % 4), table_positions = 1 + in.u8() % 16;
+  const rope::Table<float> table(rope::frequencies(table_dim, 100.0), table_positions);
+  ra::BatchOptions o;
+  if (rotate) {
+    o.rotation.table = &table;
+    o.rotation.style = in.flag() ? rope::Style::rotate_half : rope::Style::block_diagonal;
+    o.rotation.rotary_dim = in.u8() % 4 == 0 ? in.u8() % 10 : 0;
+  }
+  o.causal = in.flag();
+  o.window = in.u8() % 4 == 0 ? in.u8() % 5 : 0;
+  if (in.flag()) o.scale = in.u8() % 32 == 0 ? std::nan("") : 0.05 + in.u8() / 256.0;
+  if (in.u8() % 4 == 0) {
+    const double caps[] = {0.5, 5.0, 30.0, 0.0, -1.0, std::nan("")};
+    o.softcap = caps[in.u8() % 6];
+  }
+  if (in.u8() % 4 == 0) {
+    const std::size_t count = in.u8() % 8 == 0 ? hq + 1 : hq;
+    for (std::size_t h = 0; h < count; ++h) {
+      const std::uint8_t kind = in.u8() % 16;
+      o.sinks.push_back(kind == 0   ? -std::numeric_limits<double>::infinity()
+                        : kind == 1 ? std::nan("")
+                        : kind == 2 ? 1e300
+                        : kind == 3 ? -1e300
+                                    : (static_cast<int>(in.u8()) - 128) / 32.0);
+    }
+  }
+  const std::size_t splits[] = {1, 2, 3, 5, 512, 0};
+  o.kv_split = splits[in.u8() % 6];
+  o.threads = in.u8() % 4;
+
+  PoolData<E> kp, vp;
+  make_pool(kp, in, pages, ps, hk, d, hnd);
+  make_pool(vp, in, pages, ps, hk, dv, hnd);
+  const ra::PagedCache<E> cache{kp.pool, vp.pool};
+  auto q = elements<float>(in, tokens * hq * d);
+  std::vector<float> out(tokens * hq * (dv + 1) + 1, -9.0f);
+  rope::View<float> out_view = rope::View<float>::token_major(out.data(), tokens, hq, dv);
+  bool views_ok = true;
+  if (view_break == 1) {
+    out_view.data = nullptr;
+    views_ok = false;
+  } else if (view_break == 2 && tokens > 0 && dv <= d) {
+    out_view = rope::View<float>::token_major(q.data(), tokens, hq, dv);  // over q's rows
+    views_ok = false;
+  } else if (view_break == 3 && tokens > 0 && tokens * hq * dv * sizeof(float) <= kp.data.size() * sizeof(E)) {
+    out_view = rope::View<float>::token_major(reinterpret_cast<float*>(kp.data.data()), tokens, hq, dv);
+    views_ok = false;
+  } else if (view_break == 4) {
+    out_view = rope::View<float>::token_major(out.data(), tokens, hq, dv + 1);  // not the cache's dv
+    views_ok = false;
+  }
+  const auto q_before = q, out_before = out;
+  const auto kd = kp.data, vd = vp.data;
+  const auto ks = kp.scales, vs = vp.scales;
+  const ra::Batch batch{q_starts.data(), lengths.data(), block_table.data(), stride, sequences};
+
+  // Validity, judged here from the documentation.
+  const std::size_t r = rotate ? (o.rotation.rotary_dim == 0 ? table_dim : o.rotation.rotary_dim) : 0;
+  bool valid = views_ok && (starts_break == 0 || starts_break > 2) && o.threads > 0 && o.kv_split > 0 &&
+               (!o.scale || std::isfinite(*o.scale)) && (!o.softcap || (*o.softcap > 0 && std::isfinite(*o.softcap)));
+  if (!o.sinks.empty()) {
+    valid = valid && o.sinks.size() == hq;
+    for (double s : o.sinks) {
+      const float f = static_cast<float>(s);
+      valid = valid && (std::isfinite(f) || f == -std::numeric_limits<float>::infinity());
+    }
+  }
+  if (rotate) valid = valid && r % 2 == 0 && r <= table_dim && r <= d;
+  for (std::size_t b = 0; b < sequences; ++b) {
+    valid = valid && lengths[b] >= n[b] && lengths[b] <= static_cast<std::int64_t>(capacity);
+    if (!valid) break;
+    for (std::int64_t j = 0; j < lengths[b]; j += static_cast<std::int64_t>(ps)) {
+      const std::int32_t id = block_table[b * stride + static_cast<std::size_t>(j) / ps];
+      valid = valid && id >= 0 && id < static_cast<std::int32_t>(pages);
+    }
+    if (rotate && n[b] > 0) valid = valid && lengths[b] - 1 < static_cast<std::int64_t>(table_positions);
+  }
+  std::string where = "softmax_batch pages=" + std::to_string(pages) + "x" + std::to_string(ps) +
+                      " heads=" + std::to_string(hq) + "/" + std::to_string(hk) + " d=" + std::to_string(d) +
+                      " dv=" + std::to_string(dv) + " sequences=" + std::to_string(sequences) +
+                      " split=" + std::to_string(o.kv_split) + " break=" + std::to_string(view_break) + "/" +
+                      std::to_string(starts_break);
+  const auto qv = rope::View<const float>::token_major(q.data(), tokens, hq, d);
+  bool threw = false;
+  try {
+    ra::softmax_batch(qv, cache, batch, out_view, o);
+  } catch (const rope::invalid_argument& e) {
+    threw = true;
+    ROPE_FUZZ_CHECK(!valid, where + ": " + e.what());
+    ROPE_FUZZ_CHECK(std::string(e.what()).find("rope::attention::softmax_batch: ") == 0, e.what());
+  } catch (const rope::out_of_range& e) {
+    threw = true;
+    ROPE_FUZZ_CHECK(!valid, where + ": " + e.what());
+  }
+  ROPE_FUZZ_CHECK(same_pool(kp, kd, ks) && same_pool(vp, vd, vs), where + ": the cache written");
+  ROPE_FUZZ_CHECK(std::memcmp(q.data(), q_before.data(), q.size() * sizeof(float)) == 0, where + ": q written");
+  if (threw) {
+    ROPE_FUZZ_CHECK(std::memcmp(out.data(), out_before.data(), out.size() * sizeof(float)) == 0,
+                    where + ": out written");
+    return;
+  }
+  ROPE_FUZZ_CHECK(valid, where + ": an invalid call was accepted");
+
+  if (o.threads > 1) {
+    std::vector<float> one(out.size(), -9.0f);
+    ra::BatchOptions single = o;
+    single.threads = 1;
+    ra::softmax_batch(qv, cache, batch, rope::View<float>::token_major(one.data(), tokens, hq, dv), single);
+    ROPE_FUZZ_CHECK(std::memcmp(out.data(), one.data(), out.size() * sizeof(float)) == 0,
+                    where + ": not the same bytes with one thread");
+  }
+
+  // The oracle: each row recomputed in long double over the dequantized
+  // cache, from the positions the lengths give.
+  const LD scale = o.scale ? LD(static_cast<float>(*o.scale)) : LD(static_cast<float>(1.0 / std::sqrt(double(d))));
+  for (std::size_t b = 0; b < sequences; ++b) {
+    const std::int32_t* row = block_table.data() + b * stride;
+    for (std::int64_t i = 0; i < n[b]; ++i) {
+      const std::size_t t = static_cast<std::size_t>(q_starts[b] + i);
+      const std::int64_t p = lengths[b] - n[b] + i;
+      for (std::size_t h = 0; h < hq; ++h) {
+        const std::size_t g = h / group;
+        std::vector<LD> qi = head_row(q, t, h, hq, d);
+        if (rotate) qi = rotate_ld(qi, table, o.rotation.style, r, p);
+        bool finite = finite_all(qi);
+        std::vector<LD> scores;
+        std::vector<std::size_t> keys;
+        LD magnitude = 0;
+        for (std::int64_t j = 0; j < lengths[b]; ++j) {
+          if (o.causal && j > p) continue;
+          if (o.window > 0 && j <= p - static_cast<std::int64_t>(o.window)) continue;
+          const std::size_t slot = static_cast<std::size_t>(row[j / std::int64_t(ps)]) * ps + std::size_t(j) % ps;
+          LD s = 0;
+          for (std::size_t c = 0; c < d; ++c) {
+            const LD kc = stored(kp.pool, slot, g, c);
+            finite = finite && std::isfinite(kc);
+            s += qi[c] * kc;
+          }
+          for (std::size_t c = 0; c < dv; ++c) {
+            const LD vc = stored(vp.pool, slot, g, c);
+            finite = finite && std::isfinite(vc);
+            magnitude = std::max(magnitude, std::fabs(vc));
+          }
+          s *= scale;
+          if (o.softcap) {
+            const LD cap = static_cast<float>(*o.softcap);
+            s = cap * std::tanh(s / cap);
+          }
+          scores.push_back(s);
+          keys.push_back(slot);
+        }
+        const float* got = out.data() + (t * hq + h) * dv;
+        const std::string at =
+            where + ": sequence " + std::to_string(b) + " token " + std::to_string(t) + " head " + std::to_string(h);
+        if (keys.empty()) {
+          for (std::size_t c = 0; c < dv; ++c) ROPE_FUZZ_CHECK(got[c] == 0.0f, at + ": a row that sees no key");
+          continue;
+        }
+        if (!finite) continue;  // only the rows that see a non-finite value are concerned
+        const float sink = o.sinks.empty() ? -std::numeric_limits<float>::infinity() : static_cast<float>(o.sinks[h]);
+        LD top = *std::max_element(scores.begin(), scores.end());
+        if (std::isfinite(sink)) top = std::max(top, LD(sink));
+        LD sum = std::isfinite(sink) ? std::exp(LD(sink) - top) : 0;
+        std::vector<LD> want(dv, 0);
+        for (std::size_t k = 0; k < keys.size(); ++k) {
+          const LD w = std::exp(scores[k] - top);
+          sum += w;
+          for (std::size_t c = 0; c < dv; ++c) want[c] += w * stored(vp.pool, keys[k], g, c);
+        }
+        for (std::size_t c = 0; c < dv; ++c) {
+          ROPE_FUZZ_CHECK(std::isfinite(got[c]), at + ": a row of finite inputs is not finite");
+          ROPE_FUZZ_CHECK(std::fabs(LD(got[c]) - want[c] / sum) <= 2e-4L * (1 + magnitude),
+                          at + ": got " + std::to_string(got[c]) + ", want " + std::to_string(double(want[c] / sum)));
+        }
+      }
+    }
+  }
+}
+
+// write_slots of In rows into a paged cache of E: slots of -1 (skip), below
+// -1, outside the pool and written twice; broken views, rows already in the
+// cache (at their own slots: accepted, rotated in place; elsewhere:
+// refused), a broken scales pointer, rotation with positions in and outside
+// the table. A refused call throws and writes nothing; an accepted one writes
+// exactly the named slots, each value within one rounding into E of the
+// long-double rotation of its input, and nothing else.
+template <class E, class In>
+void write_slots_typed(Bytes& in) {
+  constexpr bool scaled = rope::KvElement<E>::kScaled;
+  const std::size_t pages = 1 + in.u8() % 4, ps = 1 + in.u8() % 4, hk = 1 + in.u8() % 2, d = 1 + in.u8() % 8,
+                    dv = 1 + in.u8() % 5;
+  const bool hnd = in.flag();
+  // Read before the long arrays; 0 (what a short input reads) breaks nothing.
+  const std::uint8_t view_break = in.u8() % 16;
+  const std::size_t slot_count = pages * ps, n = in.u8() % 5;
+  std::vector<std::int64_t> slots(std::max<std::size_t>(n, 1), -1);
+  for (std::size_t t = 0; t < n; ++t) {
+    const std::uint8_t kind = in.u8() % 8;
+    slots[t] = kind == 0   ? -1
+               : kind == 1 ? static_cast<std::int64_t>(slot_count + in.u8() % 2)
+               : kind == 2 ? -2 - static_cast<std::int64_t>(in.u8() % 3)
+               : kind == 3 ? (t > 0 ? slots[in.u8() % t] : -1)
+                           : static_cast<std::int64_t>(in.u8() % slot_count);
+  }
+  const bool rotate = in.flag();
+  const std::size_t table_dim = 2 * (1 + in.u8() % 4), table_positions = 1 + in.u8() % 12;
+  const rope::Table<float> table(rope::frequencies(table_dim, 100.0), table_positions);
+  ra::WriteOptions o;
+  std::vector<std::int64_t> positions(std::max<std::size_t>(n, 1), 0);
+  if (rotate) {
+    o.rotation.table = &table;
+    o.rotation.style = in.flag() ? rope::Style::rotate_half : rope::Style::block_diagonal;
+    o.rotation.rotary_dim = in.u8() % 4 == 0 ? in.u8() % 10 : 0;
+    for (std::size_t t = 0; t < n; ++t) {
+      positions[t] = in.u8() % 16 == 0 ? (in.flag() ? -1 : static_cast<std::int64_t>(table_positions))
+                                       : static_cast<std::int64_t>(in.u8() % table_positions);
+    }
+    o.positions = positions.data();
+  }
+  PoolData<E> kp, vp;
+  make_pool(kp, in, pages, ps, hk, d, hnd);
+  make_pool(vp, in, pages, ps, hk, dv, hnd);
+  std::vector<In> k_new((n + 1) * hk * (d + 1)), v_new((n + 1) * hk * dv);
+  for (auto& x : k_new) x = from_float<In>(attention_element<float>(in));
+  for (auto& x : v_new) x = from_float<In>(attention_element<float>(in));
+  rope::View<const In> kv = rope::View<const In>::token_major(k_new.data(), n, hk, d);
+  rope::View<const In> vv = rope::View<const In>::token_major(v_new.data(), n, hk, dv);
+  const std::int64_t* slot_ptr = slots.data();
+  bool valid = true, in_place = false;
+  std::size_t first_slot = 0;
+  if (view_break == 1) {
+    kv.data = nullptr;
+    valid = false;
+  } else if (view_break == 2) {
+    vv.tokens = n + 1;
+    valid = false;
+  } else if (view_break == 3) {
+    kv = rope::View<const In>::token_major(k_new.data(), n, hk, d + 1);
+    valid = false;
+  } else if constexpr (std::is_same<E, In>::value) {
+    if (view_break == 4 && n <= ps) {
+      // Rows of one page as k_new: in place when each token writes its own row.
+      const std::size_t p = in.u8() % pages, offset = in.u8() % (ps - n + 1);
+      first_slot = p * ps + offset;
+      if (in.flag()) {
+        for (std::size_t t = 0; t < n; ++t) slots[t] = static_cast<std::int64_t>(first_slot + t);
+      }
+      kv = rope::View<const In>(kp.pool.page(p).slice_tokens(offset, n));
+      in_place = true;
+      for (std::size_t t = 0; t < n; ++t) valid = valid && slots[t] == static_cast<std::int64_t>(first_slot + t);
+    } else if (view_break == 5 && n > 0 && n <= ps) {
+      kv = rope::View<const In>(vp.pool.page(0).slice_tokens(0, n));  // k_new inside cache.v
+      valid = false;
+    }
+  }
+  if (view_break == 6) {
+    (scaled ? kp.pool.scales : vp.pool.scales) = scaled ? nullptr : vp.scales.data();
+    valid = false;
+  } else if (view_break == 7) {
+    slot_ptr = nullptr;
+    valid = valid && n == 0;
+  } else if (view_break == 8 && rotate) {
+    o.positions = nullptr;
+    valid = false;
+  }
+  const ra::PagedCache<E> cache{kp.pool, vp.pool};
+  const auto kd = kp.data, vd = vp.data;
+  const auto ks = kp.scales, vs = vp.scales;
+  const auto k_input = k_new, v_input = v_new;
+
+  // Validity, judged here from the documentation.
+  const std::size_t r = rotate ? (o.rotation.rotary_dim == 0 ? table_dim : o.rotation.rotary_dim) : 0;
+  if (slot_ptr != nullptr) {
+    for (std::size_t t = 0; t < n; ++t) {
+      valid = valid && slots[t] >= -1 && slots[t] < static_cast<std::int64_t>(slot_count);
+      for (std::size_t u = 0; u < t; ++u) valid = valid && (slots[t] < 0 || slots[u] != slots[t]);
+    }
+  }
+  if (rotate) valid = valid && r % 2 == 0 && r <= table_dim && r <= d;
+  bool positions_ok = true;
+  for (std::size_t t = 0; t < n && rotate && o.positions != nullptr; ++t) {
+    positions_ok = positions_ok && positions[t] >= 0 && positions[t] < static_cast<std::int64_t>(table_positions);
+  }
+  const std::string where = "write_slots pages=" + std::to_string(pages) + "x" + std::to_string(ps) +
+                            " heads=" + std::to_string(hk) + " d=" + std::to_string(d) + "/" + std::to_string(dv) +
+                            " n=" + std::to_string(n) + " r=" + std::to_string(r) +
+                            " break=" + std::to_string(view_break);
+  bool threw = false;
+  try {
+    ra::write_slots(kv, vv, slot_ptr, cache, o);
+  } catch (const rope::invalid_argument& e) {
+    threw = true;
+    ROPE_FUZZ_CHECK(!valid, where + ": " + e.what());
+    ROPE_FUZZ_CHECK(std::string(e.what()).find("rope::attention::write_slots: ") == 0, e.what());
+  } catch (const rope::out_of_range& e) {
+    threw = true;
+    ROPE_FUZZ_CHECK(valid && !positions_ok, where + ": " + e.what());
+  }
+  ROPE_FUZZ_CHECK(std::memcmp(v_new.data(), v_input.data(), v_new.size() * sizeof(In)) == 0, where + ": v_new written");
+  if (!in_place) {
+    ROPE_FUZZ_CHECK(std::memcmp(k_new.data(), k_input.data(), k_new.size() * sizeof(In)) == 0,
+                    where + ": k_new written");
+  }
+  if (threw) {
+    ROPE_FUZZ_CHECK(same_pool(kp, kd, ks) && same_pool(vp, vd, vs), where + ": a refused call wrote the cache");
+    return;
+  }
+  ROPE_FUZZ_CHECK(valid && positions_ok, where + ": an invalid call was accepted");
+
+  // Every slot no token names is as it was; a named one holds its token's
+  // row, rotated, rounded once.
+  std::vector<std::int64_t> writer(slot_count, -1);
+  for (std::size_t t = 0; t < n; ++t) {
+    if (slots[t] >= 0) writer[static_cast<std::size_t>(slots[t])] = static_cast<std::int64_t>(t);
+  }
+  // The pools before, to read their rows.
+  std::vector<E> k_old_data = kd, v_old_data = vd;
+  std::vector<float> k_old_scales = ks, v_old_scales = vs;
+  ra::PagePool<E> k_old = kp.pool, v_old = vp.pool;
+  k_old.data = k_old_data.data();
+  v_old.data = v_old_data.data();
+  k_old.scales = scaled ? k_old_scales.data() : nullptr;
+  v_old.scales = scaled ? v_old_scales.data() : nullptr;
+  const auto check_rows = [&](const PoolData<E>& now, const ra::PagePool<E>& old, std::size_t dim, bool is_k) {
+    for (std::size_t s = 0; s < slot_count; ++s) {
+      for (std::size_t h = 0; h < hk; ++h) {
+        const std::string at =
+            where + (is_k ? ": k" : ": v") + " slot " + std::to_string(s) + " head " + std::to_string(h);
+        if (writer[s] < 0) {
+          ROPE_FUZZ_CHECK(std::memcmp(now.pool.row(s, h), old.row(s, h), dim * sizeof(E)) == 0, at + " changed");
+          if (scaled) ROPE_FUZZ_CHECK(std::memcmp(now.pool.scale(s, h), old.scale(s, h), 4) == 0, at + " scale");
+          continue;
+        }
+        const auto t = static_cast<std::size_t>(writer[s]);
+        std::vector<LD> x(dim);
+        for (std::size_t c = 0; c < dim; ++c) {
+          x[c] = in_place && is_k ? LD(rope::detail::widen_value(old.row(first_slot + t, h)[c]))
+                                  : LD(rope::detail::widen_value(is_k ? kv.row(t, h)[c] : vv.row(t, h)[c]));
+        }
+        if (is_k && rotate) x = rotate_ld(x, table, o.rotation.style, r, positions[t]);
+        if (!finite_all(x)) {
+          if (scaled) {
+            ROPE_FUZZ_CHECK(std::isnan(*now.pool.scale(s, h)), at + ": a non-finite row's scale is not NaN");
+            for (std::size_t c = 0; c < dim; ++c)
+              ROPE_FUZZ_CHECK(rope::detail::widen_value(now.pool.row(s, h)[c]) == 0.0f, at + ": not 0");
+          }
+          continue;
+        }
+        LD top = 0;
+        for (LD v : x) top = std::max(top, std::fabs(v));
+        const LD slack = 1e-6L * (1 + top);
+        if (scaled) {
+          ROPE_FUZZ_CHECK(std::fabs(LD(*now.pool.scale(s, h)) - top / 127) <= slack, at + ": the scale");
+        }
+        for (std::size_t c = 0; c < dim; ++c) {
+          const LD got = stored(now.pool, s, h, c), ax = std::fabs(x[c]);
+          const LD bound = std::is_same<E, float>::value            ? slack
+                           : std::is_same<E, rope::BFloat16>::value ? ax / 256 + slack
+                           : std::is_same<E, rope::Float16>::value  ? ax / 1024 + std::ldexp(1.0L, -24) + slack
+                                                                    : top / 254 * (1 + 1e-5L) + slack;
+          ROPE_FUZZ_CHECK(std::fabs(got - x[c]) <= bound, at + " channel " + std::to_string(c) + ": got " +
+                                                              std::to_string(double(got)) + ", want " +
+                                                              std::to_string(double(x[c])));
+        }
+      }
+    }
+  };
+  check_rows(kp, k_old, d, true);
+  check_rows(vp, v_old, dv, false);
+}
+
+template <class E>
+void write_slots_any(Bytes& in) {
+  if (in.flag()) {
+    write_slots_typed<E, float>(in);
+  } else {
+    write_slots_typed<E, rope::BFloat16>(in);
+  }
+}
+
 }  // namespace
 
 void fuzz_softmax(Bytes& in) {
@@ -474,6 +940,24 @@ void fuzz_softmax(Bytes& in) {
     case 1: softmax_typed<double>(in); break;
     case 2: softmax_step_typed<float>(in); break;
     default: softmax_step_typed<double>(in); break;
+  }
+}
+
+void fuzz_batch(Bytes& in) {
+  switch (in.u8() % 4) {
+    case 0: batch_typed<float>(in); break;
+    case 1: batch_typed<rope::BFloat16>(in); break;
+    case 2: batch_typed<rope::Float16>(in); break;
+    default: batch_typed<std::int8_t>(in); break;
+  }
+}
+
+void fuzz_write_slots(Bytes& in) {
+  switch (in.u8() % 4) {
+    case 0: write_slots_any<float>(in); break;
+    case 1: write_slots_any<rope::BFloat16>(in); break;
+    case 2: write_slots_any<rope::Float16>(in); break;
+    default: write_slots_any<std::int8_t>(in); break;
   }
 }
 
@@ -492,6 +976,8 @@ void fuzz_linear(Bytes& in) {
 namespace rope_fuzz {
 void fuzz_softmax(Bytes&) {}
 void fuzz_linear(Bytes&) {}
+void fuzz_batch(Bytes&) {}
+void fuzz_write_slots(Bytes&) {}
 }  // namespace rope_fuzz
 
 #endif

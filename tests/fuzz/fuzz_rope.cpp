@@ -7,7 +7,8 @@
 // Input layout: byte 0 picks the operation (frequencies, frequencies with a
 // scaling variant, the row kernel on float/double, apply/apply_qk on
 // float/double, and with rope::attention built, softmax and linear
-// attention: fuzz_attention.cpp); the rest are read in order by Bytes
+// attention, then softmax_batch and write_slots over paged caches:
+// fuzz_attention.cpp); the rest are read in order by Bytes
 // (missing bytes read as zero, so every input decodes to something).
 #include <algorithm>
 #include <cmath>
@@ -574,7 +575,8 @@ void fuzz_apply(Bytes& in) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Bytes in(data, size);
-  switch (in.u8() % 8) {
+  // Selectors 0 .. 7 keep the meaning the corpus was written with.
+  switch (in.u8() % 10) {
     case 0: fuzz_frequencies(in); break;
     case 1: fuzz_scaling(in); break;
     case 2: fuzz_kernel<float>(in); break;
@@ -583,6 +585,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 5: fuzz_apply<double>(in); break;
     case 6: rope_fuzz::fuzz_softmax(in); break;
     case 7: rope_fuzz::fuzz_linear(in); break;
+    case 8: rope_fuzz::fuzz_batch(in); break;
+    case 9: rope_fuzz::fuzz_write_slots(in); break;
   }
   return 0;
 }

@@ -80,5 +80,7 @@ class Bytes {
 // return at once.
 void fuzz_softmax(Bytes& in);
 void fuzz_linear(Bytes& in);
+void fuzz_batch(Bytes& in);
+void fuzz_write_slots(Bytes& in);
 
 }  // namespace rope_fuzz
