@@ -1,0 +1,442 @@
+// The KV-cache rows (kernels/kv_rows.hpp) on every architecture this build
+// targets, each suite named by its architecture, for every element type a
+// cache may hold (float, BFloat16, Float16, int8), against their scalar
+// twins (reference.hpp), long double and the documented formulas:
+//   permute_row / unpermute_row: the plane order of the header, and inverses;
+//   dot_kv: within d * eps * sum |q k| of reference::dot_kv and of long double;
+//   weighted_kv: bit for bit reference::weighted_kv where the architecture
+//     has fused multiply-adds, else within 2 (n + 1) eps sum |w s v| of it
+//     (and within (n + 1) eps sum |w s v| of long double everywhere), int8
+//     with value scales at a stride;
+//   store_kv_row: the 16-bit types round to nearest even (the neighbours of
+//     the result are no nearer), as half.hpp does; int8 is within s/2 per
+//     element (plus the rounding of x / s), q in [-127, 127], the largest
+//     element at +-127, scale 0 for zeros and NaN (q = 0) for non-finite;
+//   max_row exact, exp_row and softcap_row within a few ulps of long double.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <rope/half.hpp>
+#include <rope/kernels.hpp>
+#include <rope/reference.hpp>
+
+#include "archs.hpp"
+#include "support.hpp"
+
+namespace {
+
+using rope::BFloat16;
+using rope::Float16;
+using LD = long double;
+
+template <class Arch>
+class KvRows : public ::testing::Test {};
+TYPED_TEST_SUITE(KvRows, rope_test::BuiltArchs, rope_test::ArchNames);
+
+template <class E>
+const char* element_name() {
+  if (std::is_same<E, float>::value) return "float";
+  if (std::is_same<E, BFloat16>::value) return "bf16";
+  if (std::is_same<E, Float16>::value) return "f16";
+  return "int8";
+}
+
+// Calls f(E{}) for every element type of a cache.
+template <class F>
+void for_each_element(F&& f) {
+  f(float{});
+  f(BFloat16{});
+  f(Float16{});
+  f(std::int8_t{});
+}
+
+float widen(float x) { return x; }
+float widen(BFloat16 x) { return rope::detail::widen_value(x); }
+float widen(Float16 x) { return rope::detail::widen_value(x); }
+float widen(std::int8_t x) { return static_cast<float>(x); }
+
+// n random stored values: floats in [-1, 1] rounded into E; int8 over its
+// whole range, -128 included (widening must be exact there too).
+template <class E>
+std::vector<E> random_elements(std::size_t n, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<E> v(n);
+  if constexpr (std::is_same<E, std::int8_t>::value) {
+    std::uniform_int_distribution<int> dist(-128, 127);
+    for (auto& x : v) x = static_cast<std::int8_t>(dist(gen));
+  } else {
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    for (auto& x : v) {
+      if constexpr (std::is_same<E, float>::value) {
+        x = dist(gen);
+      } else {
+        x = E(dist(gen));
+      }
+    }
+  }
+  return v;
+}
+
+std::vector<std::size_t> dims() {
+  std::vector<std::size_t> d;
+  for (std::size_t i = 1; i <= 70; ++i) d.push_back(i);
+  d.push_back(128);
+  d.push_back(130);
+  return d;
+}
+
+// Where channel c of a row of d channels lands in plane order, from the
+// header's definition: base + P*i + k -> base + k*lanes + i below d - d % W.
+std::size_t plane_index(std::size_t c, std::size_t d, std::size_t P, std::size_t lanes) {
+  const std::size_t W = P * lanes, full = d - d % W;
+  if (c >= full) return c;
+  const std::size_t base = c - c % W, i = (c % W) / P, k = (c % W) % P;
+  return base + k * lanes + i;
+}
+
+template <class E, class Arch>
+void check_permute() {
+  constexpr std::size_t lanes = xsimd::batch<float, Arch>::size;
+  constexpr std::size_t P = rope::KvElement<E>::kPerLane;
+  for (std::size_t d : dims()) {
+    const auto x = rope_test::random_vector<float>(d, static_cast<std::uint32_t>(d));
+    rope_test::Guarded<float> planes(d, 1), back(d, 2);
+    rope::permute_row<E, Arch>(x.data(), d, planes.data());
+    rope::unpermute_row<E, Arch>(planes.data(), d, back.data());
+    ASSERT_TRUE(planes.guards_intact() && back.guards_intact()) << element_name<E>() << " d " << d;
+    for (std::size_t c = 0; c < d; ++c) {
+      ASSERT_EQ(std::memcmp(&planes.data()[plane_index(c, d, P, lanes)], &x[c], sizeof(float)), 0)
+          << Arch::name() << " " << element_name<E>() << " d " << d << " channel " << c;
+      ASSERT_EQ(std::memcmp(&back.data()[c], &x[c], sizeof(float)), 0)
+          << Arch::name() << " " << element_name<E>() << " d " << d << " channel " << c;
+    }
+  }
+}
+
+TYPED_TEST(KvRows, PermuteIsThePlaneOrderAndUnpermuteItsInverse) {
+  for_each_element([](auto e) { check_permute<decltype(e), TypeParam>(); });
+}
+
+template <class E, class Arch>
+void check_dot() {
+  const double eps = std::numeric_limits<float>::epsilon();
+  for (std::size_t rows = 1; rows <= 9; ++rows) {
+    for (std::size_t d : dims()) {
+      const std::size_t q_stride = d + 3, score_stride = 2;
+      const std::uint32_t seed = static_cast<std::uint32_t>(1000 * rows + d);
+      const auto q = rope_test::random_vector<float>(rows * d, seed);
+      const auto key = random_elements<E>(d, seed + 7);
+      std::vector<float> q_planes(rows * q_stride, std::numeric_limits<float>::quiet_NaN());
+      for (std::size_t r = 0; r < rows; ++r) rope::permute_row<E, Arch>(&q[r * d], d, &q_planes[r * q_stride]);
+      rope_test::Guarded<float> scores(rows * score_stride, rows % 2);
+      const std::vector<float> before(scores.data(), scores.data() + rows * score_stride);
+      rope::dot_kv<E, Arch>(q_planes.data(), q_stride, rows, d, key.data(), scores.data(), score_stride);
+      std::vector<float> twin(rows * score_stride);
+      rope::reference::dot_kv(q.data(), rows, d, key.data(), twin.data(), score_stride);
+      ASSERT_TRUE(scores.guards_intact());
+      for (std::size_t r = 0; r < rows; ++r) {
+        ASSERT_EQ(std::memcmp(&scores.data()[r * score_stride + 1], &before[r * score_stride + 1], sizeof(float)), 0)
+            << "gap between strided scores written";
+        LD exact = 0, magnitude = 0;
+        for (std::size_t c = 0; c < d; ++c) {
+          const LD term = static_cast<LD>(q[r * d + c]) * static_cast<LD>(widen(key[c]));
+          exact += term;
+          magnitude += std::fabs(term);
+        }
+        const double bound = static_cast<double>(d) * eps * static_cast<double>(magnitude);
+        const double got = scores.data()[r * score_stride];
+        ASSERT_NEAR(got, static_cast<double>(twin[r * score_stride]), bound)
+            << Arch::name() << " " << element_name<E>() << " rows " << rows << " d " << d << " row " << r;
+        ASSERT_NEAR(got, static_cast<double>(exact), bound)
+            << Arch::name() << " " << element_name<E>() << " rows " << rows << " d " << d << " row " << r;
+      }
+    }
+  }
+}
+
+TYPED_TEST(KvRows, DotKvWithinRoundingOfItsTwin) {
+  for_each_element([](auto e) { check_dot<decltype(e), TypeParam>(); });
+}
+
+template <class E, class Arch>
+void check_weighted(bool scaled) {
+  const double eps = std::numeric_limits<float>::epsilon();
+  const std::vector<std::size_t> dvs = {1, 2, 3, 5, 7, 8, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 70, 128, 130};
+  for (std::size_t rows = 1; rows <= 9; ++rows) {
+    for (std::size_t dv : dvs) {
+      const std::size_t n = 1 + (dv * 5 + rows) % 13;
+      const std::size_t weight_stride = n + 2, value_stride = dv + 5, acc_stride = dv + 3, scale_stride = 3;
+      const std::uint32_t seed = static_cast<std::uint32_t>(100 * rows + dv);
+      const auto weights = rope_test::random_vector<float>(rows * weight_stride, seed);
+      const auto values = random_elements<E>(n * value_stride, seed + 1);
+      std::vector<float> scales;
+      if (scaled) {
+        scales = rope_test::random_vector<float>(n * scale_stride, seed + 2, 0.02);
+        for (auto& s : scales) s = std::fabs(s);
+      }
+      const float* sp = scaled ? scales.data() : nullptr;
+      const auto start = rope_test::random_vector<float>(rows * acc_stride, seed + 3);
+      // The kernel's accumulators in plane order, the twin's in channel order.
+      rope_test::Guarded<float> acc(rows * acc_stride, rows % 3);
+      std::copy(start.begin(), start.end(), acc.data());
+      for (std::size_t r = 0; r < rows; ++r) {
+        rope::permute_row<E, Arch>(&start[r * acc_stride], dv, acc.data() + r * acc_stride);
+      }
+      std::vector<float> twin = start;
+      rope::weighted_kv<E, Arch>(weights.data(), weight_stride, rows, n, values.data(), value_stride, sp, scale_stride,
+                                 dv, acc.data(), acc_stride);
+      rope::reference::weighted_kv(weights.data(), weight_stride, rows, n, values.data(), value_stride, sp,
+                                   scale_stride, dv, twin.data(), acc_stride);
+      ASSERT_TRUE(acc.guards_intact());
+      for (std::size_t r = 0; r < rows; ++r) {
+        std::vector<float> got(dv);
+        rope::unpermute_row<E, Arch>(acc.data() + r * acc_stride, dv, got.data());
+        for (std::size_t c = dv; c < acc_stride; ++c) {
+          ASSERT_EQ(std::memcmp(&acc.data()[r * acc_stride + c], &start[r * acc_stride + c], sizeof(float)), 0)
+              << "gap between accumulator rows written";
+        }
+        for (std::size_t c = 0; c < dv; ++c) {
+          const float want = twin[r * acc_stride + c];
+          LD exact = start[r * acc_stride + c], magnitude = std::fabs(exact);
+          for (std::size_t j = 0; j < n; ++j) {
+            const float w = weights[r * weight_stride + j];
+            const float wj = scaled ? w * scales[j * scale_stride] : w;  // rounded once, as documented
+            const LD term = static_cast<LD>(wj) * static_cast<LD>(widen(values[j * value_stride + c]));
+            exact += term;
+            magnitude += std::fabs(term);
+          }
+          const double bound = static_cast<double>(n + 1) * eps * static_cast<double>(magnitude);
+          const std::string where = std::string(Arch::name()) + " " + element_name<E>() + " rows " +
+                                    std::to_string(rows) + " dv " + std::to_string(dv) + " row " + std::to_string(r) +
+                                    " channel " + std::to_string(c);
+          ASSERT_NEAR(got[c], static_cast<double>(exact), bound) << where;
+          if (rope_test::kFusedMultiplyAdd<Arch>) {
+            ASSERT_EQ(std::memcmp(&got[c], &want, sizeof(float)), 0)
+                << where << ": " << got[c] << " vs reference::weighted_kv " << want;
+          } else {
+            ASSERT_NEAR(got[c], want, 2 * bound) << where;
+          }
+        }
+      }
+    }
+  }
+}
+
+TYPED_TEST(KvRows, WeightedKvMatchesItsTwin) {
+  for_each_element([](auto e) { check_weighted<decltype(e), TypeParam>(false); });
+  check_weighted<std::int8_t, TypeParam>(true);
+}
+
+// exp_row and softcap_row: the vector lanes and the scalar tail, against
+// long double at the same float inputs (s_j - m and s_j / cap rounded as
+// the kernels round them).
+constexpr double kUlps = 4;
+
+double ulp_of(double x) {
+  const float f = static_cast<float>(std::fabs(x));
+  return static_cast<double>(std::nextafter(f, std::numeric_limits<float>::infinity()) - f);
+}
+
+TYPED_TEST(KvRows, ExpRowWithinUlpsOfLongDouble) {
+  using Arch = TypeParam;
+  const double eps = std::numeric_limits<float>::epsilon();
+  for (std::size_t n = 0; n <= 70; ++n) {
+    auto s = rope_test::random_vector<float>(n, static_cast<std::uint32_t>(n + 5), 20.0);
+    const float m = rope::max_row(s.data(), n);
+    const std::vector<float> in = s;
+    const float sum = rope::exp_row<Arch>(s.data(), n, m);
+    LD total = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      const LD want = std::exp(static_cast<LD>(in[j] - m));
+      total += want;
+      ASSERT_NEAR(s[j], static_cast<double>(want), kUlps * ulp_of(static_cast<double>(want)))
+          << Arch::name() << " n " << n << " j " << j << " x " << in[j] - m;
+    }
+    ASSERT_NEAR(sum, static_cast<double>(total), (static_cast<double>(n) + kUlps) * eps * static_cast<double>(total))
+        << Arch::name() << " n " << n;
+    if (n > 0) {
+      EXPECT_GE(sum, 1.0f) << "the max's own weight is exp(0) = 1";
+    }
+  }
+  // A NaN score makes its weight and the sum NaN, in the lanes and in the tail.
+  for (std::size_t n : {std::size_t{3}, std::size_t{16}, std::size_t{37}}) {
+    for (std::size_t at : {std::size_t{0}, n - 1}) {
+      auto s = rope_test::random_vector<float>(n, 9);
+      s[at] = std::numeric_limits<float>::quiet_NaN();
+      const float m = rope::max_row(s.data(), n);
+      EXPECT_FALSE(std::isnan(m));
+      const float sum = rope::exp_row<Arch>(s.data(), n, m);
+      EXPECT_TRUE(std::isnan(sum)) << Arch::name() << " n " << n << " at " << at;
+      EXPECT_TRUE(std::isnan(s[at]));
+      for (std::size_t j = 0; j < n; ++j) {
+        if (j != at) {
+          EXPECT_FALSE(std::isnan(s[j])) << "NaN spread to weight " << j;
+        }
+      }
+    }
+  }
+}
+
+TEST(KvRowsScalar, MaxRowSkipsNaNs) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(rope::max_row(nullptr, 0), -inf);
+  const float all_nan[3] = {nan, nan, nan};
+  EXPECT_EQ(rope::max_row(all_nan, 3), -inf);
+  const float mixed[5] = {nan, -3.0f, 2.5f, nan, 1.0f};
+  EXPECT_EQ(rope::max_row(mixed, 5), 2.5f);
+  const float with_inf[3] = {1.0f, inf, nan};
+  EXPECT_EQ(rope::max_row(with_inf, 3), inf);
+  const auto s = rope_test::random_vector<float>(41, 3, 100.0);
+  EXPECT_EQ(rope::max_row(s.data(), s.size()), *std::max_element(s.begin(), s.end()));
+}
+
+TYPED_TEST(KvRows, SoftcapRowWithinUlpsOfLongDouble) {
+  using Arch = TypeParam;
+  for (const float cap : {0.5f, 15.0f, 50.0f}) {
+    for (std::size_t n = 0; n <= 40; ++n) {
+      auto s = rope_test::random_vector<float>(n, static_cast<std::uint32_t>(n + 77), 4.0 * cap);
+      const std::vector<float> in = s;
+      rope::softcap_row<Arch>(s.data(), n, cap);
+      for (std::size_t j = 0; j < n; ++j) {
+        const LD want = static_cast<LD>(cap) * std::tanh(static_cast<LD>(in[j] / cap));
+        ASSERT_NEAR(s[j], static_cast<double>(want), kUlps * ulp_of(static_cast<double>(want)))
+            << Arch::name() << " cap " << cap << " n " << n << " j " << j << " x " << in[j];
+        ASSERT_LE(std::fabs(s[j]), cap);
+      }
+    }
+  }
+}
+
+// store_kv_row into the 16-bit types: what half.hpp's conversions give, and
+// that is the nearest value (ties to an even bit pattern), checked against
+// the neighbouring bit patterns.
+template <class E>
+void check_round_16(float x, E got) {
+  const std::uint16_t b = got.bits;
+  if (std::isnan(x)) {
+    EXPECT_TRUE(std::isnan(widen(got))) << x;
+    return;
+  }
+  const LD y = widen(got);
+  if (std::isinf(static_cast<double>(y))) {
+    // Only values past the largest finite one (and its half ulp) overflow.
+    const E largest =
+        E::from_bits(static_cast<std::uint16_t>((b & 0x8000u) | (std::is_same<E, Float16>::value ? 0x7bffu : 0x7f7fu)));
+    const LD big = widen(largest);
+    const LD next_ulp = std::is_same<E, Float16>::value ? 32.0L : std::ldexp(1.0L, 127 - 7);
+    EXPECT_GE(std::fabs(static_cast<LD>(x)), std::fabs(big) + next_ulp / 2) << x;
+    return;
+  }
+  const LD err = std::fabs(static_cast<LD>(x) - y);
+  for (int step : {-1, 1}) {
+    const std::uint16_t mag = b & 0x7fffu;
+    if (step < 0 && mag == 0) continue;
+    const E other = E::from_bits(static_cast<std::uint16_t>((b & 0x8000u) | (mag + step)));
+    const LD o = widen(other);
+    if (std::isinf(static_cast<double>(o)) || std::isnan(static_cast<double>(o))) continue;
+    const LD other_err = std::fabs(static_cast<LD>(x) - o);
+    EXPECT_LE(err, other_err) << "not the nearest: x " << x << " bits " << b;
+    if (err == other_err) {
+      EXPECT_EQ(b & 1u, 0u) << "a tie not to even: x " << x;
+    }
+  }
+}
+
+TEST(KvRowsStore, SixteenBitTypesRoundOnceToNearestEven) {
+  std::mt19937 gen(5);
+  std::vector<float> x;
+  for (int e = -30; e <= 20; ++e) {
+    std::uniform_real_distribution<float> dist(-std::ldexp(1.0f, e), std::ldexp(1.0f, e));
+    for (int i = 0; i < 20; ++i) x.push_back(dist(gen));
+  }
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            1.0f,
+                            65504.0f,
+                            65519.0f,
+                            65520.0f,
+                            -70000.0f,
+                            1.00390625f,
+                            1.01171875f,
+                            std::ldexp(1.0f, -24),
+                            std::ldexp(3.0f, -26),
+                            std::numeric_limits<float>::denorm_min(),
+                            std::numeric_limits<float>::max(),
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN()};
+  x.insert(x.end(), std::begin(specials), std::end(specials));
+  std::vector<BFloat16> bf(x.size());
+  std::vector<Float16> hf(x.size());
+  rope::store_kv_row(x.data(), x.size(), bf.data(), nullptr);
+  rope::store_kv_row(x.data(), x.size(), hf.data(), nullptr);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(bf[i].bits, rope::detail::float_to_bfloat16_bits(x[i])) << x[i];
+    EXPECT_EQ(hf[i].bits, rope::detail::float_to_float16_bits(x[i])) << x[i];
+    check_round_16(x[i], bf[i]);
+    check_round_16(x[i], hf[i]);
+  }
+  std::vector<float> copy(x.size());
+  rope::store_kv_row(x.data(), x.size(), copy.data(), nullptr);
+  EXPECT_EQ(std::memcmp(copy.data(), x.data(), x.size() * sizeof(float)), 0);
+}
+
+TEST(KvRowsStore, Int8QuantizesSymmetricallyWithinHalfAStep) {
+  const double eps = std::numeric_limits<float>::epsilon();
+  for (std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{7}, std::size_t{64}, std::size_t{130}}) {
+    for (const double magnitude : {1e-30, 1e-3, 1.0, 37.0, 1e30}) {
+      const auto x = rope_test::random_vector<float>(n, static_cast<std::uint32_t>(n * 3 + 1), magnitude);
+      std::vector<std::int8_t> q(n, 99);
+      float s = -1;
+      rope::store_kv_row(x.data(), n, q.data(), &s);
+      float m = 0;
+      std::size_t at = 0;
+      for (std::size_t c = 0; c < n; ++c) {
+        if (std::fabs(x[c]) > m) m = std::fabs(x[c]), at = c;
+      }
+      ASSERT_EQ(s, m / 127.0f) << "scale = max |x| / 127, n " << n;
+      ASSERT_GT(s, 0.0f);
+      // q = x / s rounded, x / s itself rounded: |x - s q| <= s (1/2 + 127 eps).
+      const LD step = static_cast<LD>(s) * (0.5L + 127 * static_cast<LD>(eps));
+      for (std::size_t c = 0; c < n; ++c) {
+        ASSERT_GE(q[c], -127);
+        ASSERT_LE(q[c], 127);
+        ASSERT_LE(std::fabs(static_cast<LD>(x[c]) - static_cast<LD>(s) * q[c]), step)
+            << "n " << n << " magnitude " << magnitude << " c " << c;
+      }
+      ASSERT_EQ(std::abs(static_cast<int>(q[at])), 127) << "the largest element maps to +-127";
+      ASSERT_EQ(q[at] > 0, x[at] > 0);
+    }
+  }
+  // Zeros: scale 0, q 0 (the sign of zero does not matter).
+  const float zeros[4] = {0.0f, -0.0f, 0.0f, 0.0f};
+  std::int8_t q[4] = {5, 5, 5, 5};
+  float s = -1;
+  rope::store_kv_row(zeros, 4, q, &s);
+  EXPECT_EQ(s, 0.0f);
+  for (std::int8_t v : q) EXPECT_EQ(v, 0);
+  // A NaN or an infinity anywhere: NaN scale and q = 0, so every value read back is NaN.
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity()}) {
+    for (std::size_t at : {std::size_t{0}, std::size_t{5}}) {
+      auto x = rope_test::random_vector<float>(6, 2);
+      x[at] = bad;
+      std::int8_t out[6] = {1, 1, 1, 1, 1, 1};
+      float scale = 1;
+      rope::store_kv_row(x.data(), 6, out, &scale);
+      EXPECT_TRUE(std::isnan(scale)) << bad << " at " << at;
+      for (std::int8_t v : out) EXPECT_EQ(v, 0);
+    }
+  }
+}
+
+}  // namespace
