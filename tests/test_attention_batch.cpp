@@ -1000,6 +1000,10 @@ void check_refusals() {
                [&] { f(b, ok, r.c.cache); });
       table[1 * r.c.stride + 1] = -1;
       r.expect(tag + " page id -1", "batch.block_table[1][1]", "-1", [&] { f(b, ok, r.c.cache); });
+      // A page listed twice by one sequence would hold two of its keys in one slot.
+      table[1 * r.c.stride + 1] = table[1 * r.c.stride + 0];
+      r.expect(tag + " page twice", "batch.block_table[1][1]", std::to_string(table[1 * r.c.stride + 0]),
+               [&] { f(b, ok, r.c.cache); });
     }
     {  // a sequence longer than its pages
       std::vector<std::int64_t> lengths = r.c.lengths;

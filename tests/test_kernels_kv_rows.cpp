@@ -417,6 +417,20 @@ TEST(KvRowsStore, Int8QuantizesSymmetricallyWithinHalfAStep) {
       ASSERT_EQ(q[at] > 0, x[at] > 0);
     }
   }
+  // A nonzero vector below 127 times the least subnormal, where max|x| / 127
+  // underflows: the least subnormal is its scale, every element read back
+  // within half a step, and the vector is not read back as zeros.
+  {
+    const float tiny = std::numeric_limits<float>::denorm_min();
+    const float x[3] = {3 * tiny, -tiny, 0.0f};
+    std::int8_t q[3] = {9, 9, 9};
+    float s = -1;
+    rope::store_kv_row(x, 3, q, &s);
+    EXPECT_EQ(s, tiny);
+    EXPECT_EQ(q[0], 3);
+    EXPECT_EQ(q[1], -1);
+    EXPECT_EQ(q[2], 0);
+  }
   // Zeros: scale 0, q 0 (the sign of zero does not matter).
   const float zeros[4] = {0.0f, -0.0f, 0.0f, 0.0f};
   std::int8_t q[4] = {5, 5, 5, 5};

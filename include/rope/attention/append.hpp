@@ -200,8 +200,10 @@ void write_slots(const View<InV>& k_view, const View<InV>& v_view, const std::in
     if (n > 0 && options.positions == nullptr) {
       detail::fail(fn, "options.positions", "non-null when options.rotation has a table", nullptr);
     }
-    rope::detail::check_positions(fn, rope::Positions(options.positions), n, options.rotation.table->positions(),
-                                  {"options.positions", "options.positions"});
+    if (n > 0) {
+      rope::detail::check_positions(fn, rope::Positions(options.positions), n, options.rotation.table->positions(),
+                                    {"options.positions", "options.positions"});
+    }
   }
   const detail::TokenWriter<In, E> writer{k_new, v_new, cache, options.rotation, rotary_dim, {}, {}};
   std::vector<float> scratch(std::max(k_new.heads * k_new.head_dim, v_new.head_dim));

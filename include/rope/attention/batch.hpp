@@ -11,7 +11,8 @@
 // position j, new token i of sequence b at lengths[b] - n_b + i. A query
 // sees the keys of its own sequence only: all of them, or (causal) those at
 // positions <= its own, and with a window only those at positions >
-// its own - window.
+// its own - window (so it always sees its own key). A page may appear in
+// several sequences' rows (shared, read-only), never twice in one.
 //
 //   s_ij = scale * q_i . k_j  (int8: k_j = s_j q_j, its vector's scale)
 //   s_ij <- cap * tanh(s_ij / cap)                       (softcap)
@@ -111,7 +112,8 @@ struct BatchWorkspace {
   std::vector<detail::BatchMerge> merges;
   std::vector<float> partials;
   std::vector<float> scratch;
-  std::vector<std::int32_t> owners;
+  std::vector<std::int32_t> owners;  // per page: who reads it
+  std::vector<std::int64_t> slots, positions;
 };
 
 namespace detail {
@@ -121,8 +123,8 @@ struct BatchPlan {
   std::size_t q_heads = 0, kv_heads = 0, group = 0, d = 0, dv = 0;
   std::size_t rotary_dim = 0;
   float scale = 1;
-  float softcap = 0;  // 0: none
-  std::vector<float> sinks;
+  float softcap = 0;              // 0: none
+  const double* sinks = nullptr;  // options.sinks, checked; null: none
   std::size_t split = 512;
   std::size_t chunk = 64;  // min(split, kBatchChunk): keys per chunk of scores
   std::size_t threads = 1;
@@ -139,13 +141,15 @@ inline std::int64_t new_tokens(const Batch& batch, std::size_t b) noexcept {
 // The batch against q's tokens and the cache's pages: starts, lengths, and
 // every page id a sequence reads inside the pool.
 template <class E>
-void check_batch(const char* fn, const Batch& batch, std::size_t q_tokens, const PagedCache<E>& cache) {
+void check_batch(const char* fn, const Batch& batch, std::size_t q_tokens, const PagedCache<E>& cache,
+                 std::vector<std::int32_t>& marks) {
   if (batch.q_starts == nullptr) fail(fn, "batch.q_starts", "non-null (sequences + 1 entries)", nullptr);
   if (batch.q_starts[0] != 0) fail(fn, "batch.q_starts[0]", "0", batch.q_starts[0]);
   if (batch.sequences > 0 && (batch.lengths == nullptr || batch.block_table == nullptr)) {
     fail(fn, batch.lengths == nullptr ? "batch.lengths" : "batch.block_table", "non-null", nullptr);
   }
   const std::size_t ps = cache.k.page_size;
+  marks.assign(cache.k.pages, -1);
   for (std::size_t b = 0; b < batch.sequences; ++b) {
     if (batch.q_starts[b + 1] < batch.q_starts[b]) {
       fail(fn, indexed("batch.q_starts", b + 1),
@@ -169,6 +173,13 @@ void check_batch(const char* fn, const Batch& batch, std::size_t q_tokens, const
         fail(fn, "batch.block_table[" + to_text(b) + "][" + to_text(i) + "]",
              "a page id below cache.k.pages = " + to_text(cache.k.pages), row[i]);
       }
+      // A page twice in one sequence would hold two of its keys in one slot.
+      std::int32_t& mark = marks[static_cast<std::size_t>(row[i])];
+      if (mark == static_cast<std::int32_t>(b)) {
+        fail(fn, "batch.block_table[" + to_text(b) + "][" + to_text(i) + "]",
+             "a page this sequence does not already list", row[i]);
+      }
+      mark = static_cast<std::int32_t>(b);
     }
   }
   const std::int64_t last = batch.q_starts[batch.sequences];
@@ -179,7 +190,7 @@ void check_batch(const char* fn, const Batch& batch, std::size_t q_tokens, const
 
 template <class Q, class O, class E>
 BatchPlan check_batch_call(const char* fn, const View<const Q>& q, const PagedCache<E>& cache, const Batch& batch,
-                           const View<O>& out, const BatchOptions& o) {
+                           const View<O>& out, const BatchOptions& o, BatchWorkspace& ws) {
   check_cache(fn, cache);
   rope::detail::check_view(fn, "q", q);
   rope::detail::check_view(fn, "out", out);
@@ -195,7 +206,7 @@ BatchPlan check_batch_call(const char* fn, const View<const Q>& q, const PagedCa
   rope::detail::check_disjoint(fn, "out", out, "q", q);
   check_apart(fn, "out", out, "cache.k", cache.k);
   check_apart(fn, "out", out, "cache.v", cache.v);
-  check_batch(fn, batch, q.tokens, cache);
+  check_batch(fn, batch, q.tokens, cache, ws.owners);
   rope::detail::check_threads(fn, "options.threads", o.threads);
   rope::detail::check_executor(fn, "options.executor.workers", o.executor);
   if (o.kv_split == 0) fail(fn, "options.kv_split", "at least 1", o.kv_split);
@@ -232,7 +243,7 @@ BatchPlan check_batch_call(const char* fn, const View<const Q>& q, const PagedCa
       const float sink = static_cast<float>(o.sinks[h]);
       if (!std::isfinite(sink) && sink != neg_inf) fail(fn, indexed("options.sinks", h), "finite or -inf", o.sinks[h]);
     }
-    plan.sinks.assign(o.sinks.begin(), o.sinks.end());
+    plan.sinks = o.sinks.data();
   }
   plan.rotary_dim = rotary_width(fn, "options.rotation", o.rotation, q.head_dim);
   if (o.rotation.table != nullptr) {
@@ -329,8 +340,8 @@ void finish_row(const BatchPlan& plan, std::size_t h, bool sees, float m, float 
     return;
   }
   float num_scale = 1.0f, den = l;
-  if (!plan.sinks.empty() && plan.sinks[h] != -std::numeric_limits<float>::infinity()) {
-    const float sink = plan.sinks[h];
+  if (plan.sinks != nullptr && static_cast<float>(plan.sinks[h]) != -std::numeric_limits<float>::infinity()) {
+    const auto sink = static_cast<float>(plan.sinks[h]);
     const float top = sink > m ? sink : m;
     num_scale = std::exp(m - top);
     den = l * num_scale + std::exp(sink - top);
@@ -480,9 +491,10 @@ void softmax_batch(const View<QV>& q_view, const PagedCache<E>& cache, const Bat
   detail::check_row_type<Q>();
   detail::check_row_type<O>();
   const char* fn = "rope::attention::softmax_batch";
-  const detail::BatchPlan plan = detail::check_batch_call(fn, q, cache, batch, out, options);
   BatchWorkspace local;
-  detail::run_batch<Q, E, O>(q, cache, batch, out, options, plan, workspace != nullptr ? *workspace : local);
+  BatchWorkspace& ws = workspace != nullptr ? *workspace : local;
+  const detail::BatchPlan plan = detail::check_batch_call(fn, q, cache, batch, out, options, ws);
+  detail::run_batch<Q, E, O>(q, cache, batch, out, options, plan, ws);
 }
 
 // One step of a batch: writes each sequence's new K and V rows (k_new, v_new:
@@ -504,13 +516,13 @@ void softmax_batch_step(const View<QV>& q_view, const View<QV>& k_view, const Vi
   detail::check_row_type<Q>();
   detail::check_row_type<O>();
   const char* fn = "rope::attention::softmax_batch_step";
-  const detail::BatchPlan plan = detail::check_batch_call(fn, q, cache, batch, out, options);
+  BatchWorkspace local;
+  BatchWorkspace& ws = workspace != nullptr ? *workspace : local;
+  const detail::BatchPlan plan = detail::check_batch_call(fn, q, cache, batch, out, options, ws);
   if (k_new.tokens != q.tokens)
     detail::fail(fn, "k_new.tokens", "q.tokens = " + detail::to_text(q.tokens), k_new.tokens);
   if (v_new.tokens != q.tokens)
     detail::fail(fn, "v_new.tokens", "q.tokens = " + detail::to_text(q.tokens), v_new.tokens);
-  BatchWorkspace local;
-  BatchWorkspace& ws = workspace != nullptr ? *workspace : local;
   // Who reads each page: a sequence id, or -2 for two or more.
   const std::size_t ps = cache.k.page_size;
   ws.owners.assign(cache.k.pages, -1);
@@ -522,7 +534,10 @@ void softmax_batch_step(const View<QV>& q_view, const View<QV>& k_view, const Vi
       owner = owner == -1 || owner == static_cast<std::int32_t>(b) ? static_cast<std::int32_t>(b) : -2;
     }
   }
-  std::vector<std::int64_t> slots(q.tokens), positions(q.tokens);
+  std::vector<std::int64_t>& slots = ws.slots;
+  std::vector<std::int64_t>& positions = ws.positions;
+  slots.resize(q.tokens);
+  positions.resize(q.tokens);
   for (std::size_t b = 0; b < batch.sequences; ++b) {
     const std::int64_t n = detail::new_tokens(batch, b), len = batch.lengths[b];
     const std::int32_t* row = batch.block_table + b * batch.block_table_stride;
@@ -545,8 +560,8 @@ void softmax_batch_step(const View<QV>& q_view, const View<QV>& k_view, const Vi
   rope::detail::check_disjoint(fn, "out", out, "v_new", v_new);
   // The only writes before the attention, after every check.
   const detail::TokenWriter<Q, E> writer{k_new, v_new, cache, options.rotation, plan.rotary_dim, {}, {}};
-  std::vector<float> row(std::max(k_new.heads * plan.d, plan.dv));
-  for (std::size_t t = 0; t < q.tokens; ++t) writer.write(t, slots[t], positions[t], row.data());
+  ws.scratch.resize(std::max(ws.scratch.size(), std::max(k_new.heads * plan.d, plan.dv)));
+  for (std::size_t t = 0; t < q.tokens; ++t) writer.write(t, slots[t], positions[t], ws.scratch.data());
   detail::run_batch<Q, E, O>(q, cache, batch, out, options, plan, ws);
 }
 

@@ -461,7 +461,8 @@ void attend_keys(const KvKeys<E>& a, const float* q, float* work, float* m, floa
 // One vector of n floats written as E, each value rounded once (to nearest
 // even): float copied, the 16-bit types rounded; int8 quantized
 // symmetrically, x_c = scale * q_c with scale = max_c |x_c| / 127 and q_c =
-// x_c / scale rounded to the nearest integer (ties to even). *scale is set
+// x_c / scale rounded to the nearest integer (ties to even; at most 127 in
+// magnitude). *scale is set
 // for int8 only: 0 for an all-zero vector (q = 0), NaN when the vector holds
 // a NaN or an infinity (q = 0: int8 holds neither), so every value read
 // back from that vector is NaN.
@@ -486,7 +487,9 @@ inline void store_kv_row(const float* x, std::size_t n, std::int8_t* out, float*
     *scale = std::numeric_limits<float>::quiet_NaN();
     return;
   }
-  const float s = m / 127.0f;
+  // m / 127 underflows for m below 127 times the least subnormal: the
+  // least subnormal is then the scale, so a nonzero vector keeps a nonzero one.
+  const float s = m > 0.0f && m / 127.0f == 0.0f ? std::numeric_limits<float>::denorm_min() : m / 127.0f;
   *scale = s;
   for (std::size_t c = 0; c < n; ++c) {
     const float q = s > 0.0f ? std::nearbyint(x[c] / s) : 0.0f;
