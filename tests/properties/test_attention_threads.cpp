@@ -358,4 +358,88 @@ TEST(AttentionThreads, SoftmaxStepsGiveTheSameBytes) {
       "softmax_step");
 }
 
+// A batch of decode and prefill sequences over a paged bf16 cache: decode
+// tokens split across items (kv_split 32), merged afterwards; every thread
+// count and the caller's pool give the bytes of one thread.
+TEST(AttentionThreads, BatchOverPagedCacheBitIdenticalForAnyThreadCountAndExecutor) {
+  const std::size_t Hq = 4, Hk = 2, d = 32, ps = 8, pages = 40;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<rope::BFloat16> k(pages * ps * Hk * d), v(k.size());
+  for (auto& x : k) x = rope::BFloat16(u(rng));
+  for (auto& x : v) x = rope::BFloat16(u(rng));
+  const ra::PagedCache<rope::BFloat16> cache{ra::PagePool<rope::BFloat16>::nhd(k.data(), pages, ps, Hk, d),
+                                             ra::PagePool<rope::BFloat16>::nhd(v.data(), pages, ps, Hk, d)};
+  // Sequences: decode over 150 keys, prefill of 9 over 9, decode over 40.
+  const std::vector<std::int64_t> starts = {0, 1, 10, 11}, lengths = {150, 9, 40};
+  const std::size_t stride = 20;
+  std::vector<std::int32_t> table(3 * stride, 0);
+  std::int32_t next = 0;
+  for (std::size_t b = 0; b < 3; ++b) {
+    for (std::size_t i = 0; i < (static_cast<std::size_t>(lengths[b]) + ps - 1) / ps; ++i) {
+      table[b * stride + i] = (next * 7) % static_cast<std::int32_t>(pages);
+      ++next;
+    }
+  }
+  const ra::Batch batch{starts.data(), lengths.data(), table.data(), stride, 3};
+  std::vector<float> q(11 * Hq * d);
+  for (auto& x : q) x = u(rng);
+  const auto run = [&](ra::BatchOptions o) {
+    o.kv_split = 32;
+    std::vector<float> out(q.size());
+    ra::softmax_batch(rope::View<const float>::token_major(q.data(), 11, Hq, d), cache, batch,
+                      rope::View<float>::token_major(out.data(), 11, Hq, d), o);
+    return out;
+  };
+  const std::vector<float> one = run({});
+  for (std::size_t threads : {2, 3, 5}) {
+    ra::BatchOptions o;
+    o.threads = threads;
+    EXPECT_TRUE(at::same_bytes(run(o), one)) << threads << " threads";
+  }
+  rope_test::ThreadPool pool(3);
+  for (std::size_t workers : {1, 4}) {
+    ra::BatchOptions o;
+    o.executor = pool.executor(workers);
+    EXPECT_TRUE(at::same_bytes(run(o), one)) << workers << " workers";
+  }
+}
+
+// The fused step before attention over tokens on threads: the same bytes in
+// q_out and in the int8 cache for any thread count.
+TEST(AttentionThreads, NormRopeAppendBitIdenticalForAnyThreadCount) {
+  const std::size_t T = 13, Hq = 4, Hk = 2, d = 16, ps = 4, pages = 8;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> qkv(T * (Hq + 2 * Hk) * d), w(d);
+  for (auto& x : qkv) x = u(rng);
+  for (auto& x : w) x = 1.0f + 0.1f * u(rng);
+  const auto parts = rope::split_qkv(static_cast<const float*>(qkv.data()), T, Hq, Hk, d);
+  const rope::Table<float> table(rope::frequencies(d), 64);
+  std::vector<std::int64_t> slots(T);
+  for (std::size_t t = 0; t < T; ++t) slots[t] = t == 4 ? -1 : static_cast<std::int64_t>((t * 5) % (pages * ps));
+  const auto run = [&](std::size_t threads, std::vector<std::int8_t>* pool_bytes) {
+    std::vector<std::int8_t> k(pages * ps * Hk * d), v(k.size());
+    std::vector<float> ks(pages * ps * Hk), vs(ks.size()), q_out(T * Hq * d);
+    const ra::PagedCache<std::int8_t> cache{ra::PagePool<std::int8_t>::nhd(k.data(), pages, ps, Hk, d, ks.data()),
+                                            ra::PagePool<std::int8_t>::nhd(v.data(), pages, ps, Hk, d, vs.data())};
+    ra::AppendOptions o;
+    o.rotation.table = &table;
+    o.q_norm = {w.data(), d};
+    o.k_norm = {w.data(), d};
+    o.threads = threads;
+    ra::norm_rope_append(parts.q, parts.k, parts.v, 3, slots.data(), cache,
+                         rope::View<float>::token_major(q_out.data(), T, Hq, d), o);
+    *pool_bytes = k;
+    pool_bytes->insert(pool_bytes->end(), v.begin(), v.end());
+    return q_out;
+  };
+  std::vector<std::int8_t> one_pool, pool;
+  const std::vector<float> one = run(1, &one_pool);
+  for (std::size_t threads : {2, 4}) {
+    EXPECT_TRUE(at::same_bytes(run(threads, &pool), one)) << threads << " threads";
+    EXPECT_EQ(pool, one_pool) << threads << " threads";
+  }
+}
+
 }  // namespace
