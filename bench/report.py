@@ -286,7 +286,8 @@ def decode_rows(rep):
     """ns per step and per head of every decode case (items = heads)."""
     for name in rep.cases:
         parts = split(name)
-        if not parts or "decode" not in parts[2] or "memcpy" in parts[1]:
+        # fused/... has its own section (fused_rows).
+        if not parts or parts[0] == "fused" or "decode" not in parts[2] or "memcpy" in parts[1]:
             continue
         case = rep.cases[name]
         time = case_time(name, case)
@@ -406,6 +407,29 @@ def batch_rows(rep):
                     fmt="{:.2f} ms")
 
 
+FUSED_KV = ("f32", "bf16", "i8")
+FUSED_SHAPES = (("prefill", "2048 tokens, 32/8 heads, d 128, QK-norm, pages of 16"),
+                ("decode", "16 tokens of 16 sequences, 32/8 heads, d 128, QK-norm"))
+
+
+def fused_rows(rep):
+    """The step before attention (bench/bench_fused.cpp): norm_rope_append
+    against a memcpy of its QKV input and against the same work as separate
+    calls. Times are wall times."""
+    section = "fused append"
+    for shape, describe in FUSED_SHAPES:
+        for kv in FUSED_KV:
+            fused = rep.get("fused/qkv_norm_rope_append/{}/{}".format(kv, shape))
+            unfused = rep.get("fused/unfused/{}/{}".format(kv, shape))
+            copy = rep.get("fused/memcpy/{}/{}".format(kv, shape))
+            if fused and copy:
+                rep.add(section, "fused {} time / memcpy of the QKV input".format(kv), describe,
+                        wall(fused) / wall(copy))
+            if fused and unfused:
+                rep.add(section, "unfused {} time / fused time".format(kv), describe,
+                        wall(unfused) / wall(fused))
+
+
 def plot_attention(series, path):
     try:
         import matplotlib
@@ -453,7 +477,7 @@ def context_line(context, repetitions):
 def headline(row):
     """The rows a reader decides by: every target, and one figure per question."""
     section, figure, shape, _, target, _ = row
-    if target or section in ("table build", "attention", "batch decode"):
+    if target or section in ("table build", "attention", "batch decode", "fused append"):
         return True
     big = "prefill" in shape
     if section == "builds":
@@ -514,10 +538,11 @@ def main(argv):
     series = attention_series(cases)
     attention_rows(rep, series)
     batch_rows(rep)
+    fused_rows(rep)
 
     order = ["bandwidth vs memcpy", "builds", "simd vs reference", "pairings",
              "placement, direction, alignment", "bf16 vs f32", "threads", "decode step",
-             "table build", "attention", "batch decode"]
+             "table build", "attention", "batch decode", "fused append"]
     rows = sorted(rep.rows, key=lambda r: order.index(r[0]))  # stable within a section
     shown = rows if args.all else [r for r in rows if headline(r)]
     print("rope_bench report: " + context_line(context, repetitions))

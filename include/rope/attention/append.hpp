@@ -282,7 +282,7 @@ void norm_rope_append(const View<InV>& q_view, const View<InV>& k_view, const Vi
   const std::size_t workers = std::max<std::size_t>(1, rope::detail::thread_count(options.threads, options.executor));
   const std::size_t per = std::max({q.heads * q.head_dim, k.heads * k.head_dim, v.head_dim});
   std::vector<float> scratch(workers * per);
-  rope::detail::parallel_for(q.tokens, options.threads, options.executor, [&](std::size_t t, std::size_t w) {
+  rope::detail::parallel_for(q.tokens, workers, options.executor, [&](std::size_t t, std::size_t w) {
     float* x = scratch.data() + w * per;
     const std::int64_t m = options.rotation.table != nullptr ? positions.at(t) : 0;
     // Q first: q_out may be q, and K's write-back never touches q.

@@ -1,0 +1,200 @@
+// fused/...: the step between the QKV projection and attention (per-head
+// QK-norm, RoPE, the KV cache write), Qwen3-8B-like shape: 32 query / 8
+// key-value heads, head_dim 128, a fused QKV input in f32 [tokens, 48 heads,
+// 128], rotate_half over a table of 4096 positions, a paged cache of pages
+// of 16 tokens, Q rotated in place, 1 thread.
+//
+//   fused/qkv_norm_rope_append/<kv>/<shape>  one norm_rope_append call
+//   fused/unfused/<kv>/<shape>               the same work as separate calls,
+//                                            as written with rope without the
+//                                            fused call: an RMSNorm loop over
+//                                            the Q and K heads (in place),
+//                                            rope::apply_qk, then write_slots
+//                                            (no rotation) into the cache
+//   fused/memcpy/<kv>/<shape>                a memcpy of the QKV input into a
+//                                            buffer of the same size: the
+//                                            floor of any pass over it
+//
+// kv: f32, bf16, i8 (a float scale per row). shape:
+//   prefill  2048 tokens of one sequence at positions 0 .. 2047, slots 0 ..
+//            2047 (128 pages in order)
+//   decode   16 tokens, one for each of 16 sequences, at positions that
+//            differ, each into a page of its own (pages far apart)
+//
+// Bytes processed: the QKV input bytes, the same for the three cases.
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <rope/apply.hpp>
+#include <rope/attention.hpp>
+
+namespace {
+
+namespace ra = rope::attention;
+
+constexpr std::size_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128, kPageSize = 16;
+constexpr std::size_t kHeads = kQHeads + 2 * kKvHeads;
+constexpr std::size_t kTablePositions = 4096;
+constexpr std::size_t kPrefillTokens = 2048, kDecodeTokens = 16;
+constexpr std::size_t kDecodePages = 256;  // page 16 * b + 5 for sequence b
+constexpr float kEps = 1e-6f;
+
+enum class Shape { prefill, decode };
+
+template <class E>
+struct KvName;
+template <>
+struct KvName<float> {
+  static constexpr const char* value = "f32";
+};
+template <>
+struct KvName<rope::BFloat16> {
+  static constexpr const char* value = "bf16";
+};
+template <>
+struct KvName<std::int8_t> {
+  static constexpr const char* value = "i8";
+};
+
+template <class E>
+struct FusedCase {
+  std::size_t tokens;
+  rope::Table<float> table;
+  std::vector<float> qkv, copy, q_weight, k_weight;
+  std::vector<std::int64_t> slots, positions;
+  std::vector<E> k_pool, v_pool;
+  std::vector<float> k_scales, v_scales;
+  ra::PagedCache<E> cache;
+
+  explicit FusedCase(Shape shape)
+      : tokens(shape == Shape::prefill ? kPrefillTokens : kDecodeTokens),
+        table(rope::frequencies(kHeadDim, 1000000.0), kTablePositions) {
+    std::mt19937 gen(42);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    qkv.resize(tokens * kHeads * kHeadDim);
+    for (float& x : qkv) x = dist(gen);
+    copy.resize(qkv.size());
+    q_weight.resize(kHeadDim);
+    k_weight.resize(kHeadDim);
+    for (float& w : q_weight) w = 1.0f + 0.25f * dist(gen);
+    for (float& w : k_weight) w = 1.0f + 0.25f * dist(gen);
+    std::size_t pages = 0;
+    if (shape == Shape::prefill) {
+      pages = tokens / kPageSize;
+      for (std::size_t t = 0; t < tokens; ++t) {
+        slots.push_back(static_cast<std::int64_t>(t));
+        positions.push_back(static_cast<std::int64_t>(t));
+      }
+    } else {
+      pages = kDecodePages;
+      for (std::size_t b = 0; b < tokens; ++b) {
+        const std::size_t position = 97 + 241 * b;  // below 4096, each in its own page
+        positions.push_back(static_cast<std::int64_t>(position));
+        slots.push_back(static_cast<std::int64_t>((16 * b + 5) * kPageSize + position % kPageSize));
+      }
+    }
+    const std::size_t rows = pages * kPageSize * kKvHeads;
+    k_pool.resize(rows * kHeadDim);
+    v_pool.resize(rows * kHeadDim);
+    float* ks = nullptr;
+    float* vs = nullptr;
+    if (rope::KvElement<E>::kScaled) {
+      k_scales.resize(rows);
+      v_scales.resize(rows);
+      ks = k_scales.data();
+      vs = v_scales.data();
+    }
+    cache.k = ra::PagePool<E>::nhd(k_pool.data(), pages, kPageSize, kKvHeads, kHeadDim, ks);
+    cache.v = ra::PagePool<E>::nhd(v_pool.data(), pages, kPageSize, kKvHeads, kHeadDim, vs);
+  }
+
+  rope::QkvViews<float> views() { return rope::split_qkv(qkv.data(), tokens, kQHeads, kKvHeads, kHeadDim); }
+  rope::Positions at() const { return rope::Positions(positions.data()); }
+  std::int64_t bytes() const { return static_cast<std::int64_t>(qkv.size() * sizeof(float)); }
+};
+
+template <class E>
+void fused_case(benchmark::State& state, Shape shape) {
+  FusedCase<E> c(shape);
+  const auto qkv = c.views();
+  ra::AppendOptions o;
+  o.rotation = ra::Rotation<float>{&c.table, rope::Style::rotate_half, 0};
+  o.q_norm = {c.q_weight.data(), c.q_weight.size()};
+  o.k_norm = {c.k_weight.data(), c.k_weight.size()};
+  o.eps = kEps;
+  for (auto _ : state) {
+    ra::norm_rope_append(qkv.q, qkv.k, qkv.v, c.at(), c.slots.data(), c.cache, qkv.q, o);
+    benchmark::DoNotOptimize(c.k_pool.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * c.bytes());
+}
+
+// RMSNorm of every head of x in place, as a plain loop (the order of
+// operations append.hpp documents).
+void rms_norm_heads(const rope::View<float>& x, const float* w) {
+  for (std::size_t t = 0; t < x.tokens; ++t) {
+    for (std::size_t h = 0; h < x.heads; ++h) {
+      float* r = x.row(t, h);
+      float ss = 0.0f;
+      for (std::size_t i = 0; i < x.head_dim; ++i) ss = std::fma(r[i], r[i], ss);
+      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(x.head_dim) + kEps);
+      for (std::size_t i = 0; i < x.head_dim; ++i) r[i] = (r[i] * inv) * w[i];
+    }
+  }
+}
+
+template <class E>
+void unfused_case(benchmark::State& state, Shape shape) {
+  FusedCase<E> c(shape);
+  const auto qkv = c.views();
+  for (auto _ : state) {
+    rms_norm_heads(qkv.q, c.q_weight.data());
+    rms_norm_heads(qkv.k, c.k_weight.data());
+    rope::apply_qk(qkv.q, qkv.k, c.table, rope::Style::rotate_half, c.at());
+    ra::write_slots(qkv.k, qkv.v, c.slots.data(), c.cache);
+    benchmark::DoNotOptimize(c.k_pool.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * c.bytes());
+}
+
+template <class E>
+void memcpy_case(benchmark::State& state, Shape shape) {
+  FusedCase<E> c(shape);
+  for (auto _ : state) {
+    std::memcpy(c.copy.data(), c.qkv.data(), c.qkv.size() * sizeof(float));
+    benchmark::DoNotOptimize(c.copy.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * c.bytes());
+}
+
+template <class E>
+void register_kv() {
+  const std::string kv = KvName<E>::value;
+  for (const Shape shape : {Shape::prefill, Shape::decode}) {
+    const std::string tail = kv + (shape == Shape::prefill ? "/prefill" : "/decode");
+    const auto unit = shape == Shape::prefill ? benchmark::kMillisecond : benchmark::kMicrosecond;
+    benchmark::RegisterBenchmark(("fused/qkv_norm_rope_append/" + tail).c_str(), fused_case<E>, shape)
+        ->Unit(unit)
+        ->UseRealTime();
+    benchmark::RegisterBenchmark(("fused/unfused/" + tail).c_str(), unfused_case<E>, shape)->Unit(unit)->UseRealTime();
+    benchmark::RegisterBenchmark(("fused/memcpy/" + tail).c_str(), memcpy_case<E>, shape)->Unit(unit)->UseRealTime();
+  }
+}
+
+const bool kRegistered = [] {
+  register_kv<float>();
+  register_kv<rope::BFloat16>();
+  register_kv<std::int8_t>();
+  return true;
+}();
+
+}  // namespace
