@@ -119,8 +119,9 @@ template <class In, class QO, class E>
 
 // The unfused RMSNorm, exactly as append.hpp documents it.
 void plain_rms_norm(float* x, std::size_t n, const float* w, float eps, bool plus_one) {
-  float ss = 0.0f;
-  for (std::size_t c = 0; c < n; ++c) ss = std::fma(x[c], x[c], ss);
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (std::size_t c = 0; c < n; ++c) s[c % 8] = std::fma(x[c], x[c], s[c % 8]);
+  const float ss = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
   const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
   for (std::size_t c = 0; c < n; ++c) x[c] = (x[c] * r) * (plus_one ? 1.0f + w[c] : w[c]);
 }

@@ -15,7 +15,10 @@
 //
 // RMSNorm, in float, as the reference models compute it (in f32), with the
 // operations in this order so that a plain loop reproduces the bits:
-//   ss = fma(x_c, x_c, ss) over c = 0 .. n-1 in order (ss starts at 0)
+//   s_k = fma(x_c, x_c, s_k) for c = k, k + 8, k + 16, ... < n in order
+//         (eight sums k = 0 .. 7 starting at 0: eight independent chains
+//         instead of one, whose latency would bound the whole step)
+//   ss = ((s_0 + s_4) + (s_2 + s_6)) + ((s_1 + s_5) + (s_3 + s_7))
 //   r  = 1 / sqrt(ss / n + eps)
 //   y_c = (x_c * r) * w_c          (or (x_c * r) * (1 + w_c): Gemma's form)
 // over one head's head_dim channels (per-head QK-norm: Qwen3, Gemma 3) or
@@ -84,8 +87,13 @@ struct Norm {
 
 // y = RMSNorm(x) over n floats in place (see the header comment).
 inline void rms_norm(float* x, std::size_t n, const float* w, float eps, bool plus_one) noexcept {
-  float ss = 0.0f;
-  for (std::size_t c = 0; c < n; ++c) ss = std::fma(x[c], x[c], ss);
+  float s[8] = {};
+  std::size_t c = 0;
+  for (; c + 8 <= n; c += 8) {
+    for (std::size_t k = 0; k < 8; ++k) s[k] = std::fma(x[c + k], x[c + k], s[k]);
+  }
+  for (std::size_t k = 0; c < n; ++c, ++k) s[k] = std::fma(x[c], x[c], s[k]);
+  const float ss = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
   const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
   for (std::size_t c = 0; c < n; ++c) x[c] = (x[c] * r) * (plus_one ? 1.0f + w[c] : w[c]);
 }
@@ -101,7 +109,7 @@ inline void norm_rotate(float* x, std::size_t heads, std::size_t d, const Norm& 
       for (std::size_t h = 0; h < heads; ++h) rms_norm(x + h * d, d, norm.weight, norm.eps, norm.plus_one);
     }
   }
-  for (std::size_t h = 0; h < heads; ++h) rotate_at(rotation, rotary_dim, m, x + h * d, x + h * d, 0, 1, d);
+  rotate_at(rotation, rotary_dim, m, x, x, static_cast<std::ptrdiff_t>(d), heads, d);
 }
 
 // What one token's write needs, checked.
