@@ -389,7 +389,6 @@ template <class E, class Arch = xsimd::default_arch>
 void attend_keys(const KvKeys<E>& a, const float* q, float* work, float* m, float* l, float* acc) noexcept {
   const std::size_t H = a.q_heads, Hk = a.kv_heads, G = H / Hk, d = a.d, dv = a.dv, S = a.chunk;
   const std::size_t ps = a.page_size;
-  constexpr std::size_t kAhead = 4;
   float* qp = work;
   float* scores = qp + H * d;
   float* ap = scores + H * S;
@@ -408,13 +407,8 @@ void attend_keys(const KvKeys<E>& a, const float* q, float* work, float* m, floa
     const std::size_t count = left < S ? left : S;
     for (std::size_t i = 0; i < count; ++i) {
       const std::size_t slot = slot_of(c0 + i);
-      // The key token kAhead on, and this token's values for the weighted
-      // pass after the chunk: pages come in any order, which no hardware
-      // prefetcher follows.
-      if (i + kAhead < count) {
-        const std::size_t next = slot_of(c0 + i + kAhead);
-        detail::prefetch_rows(k_row(next, 0), Hk, a.k_head_stride * sizeof(E), d * sizeof(E));
-      }
+      // This token's values, for the weighted pass after the chunk (the
+      // keys are read now; prefetching them ahead as well measured slower).
       detail::prefetch_rows(a.v + (slot / ps) * a.v_page_stride + (slot % ps) * a.v_token_stride, Hk,
                             a.v_head_stride * sizeof(E), dv * sizeof(E));
       for (std::size_t g = 0; g < Hk; ++g) {
