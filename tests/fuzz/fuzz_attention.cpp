@@ -623,8 +623,11 @@ void batch_typed(Bytes& in) {
     valid = valid && lengths[b] >= n[b] && lengths[b] <= static_cast<std::int64_t>(capacity);
     if (!valid) break;
     for (std::int64_t j = 0; j < lengths[b]; j += static_cast<std::int64_t>(ps)) {
-      const std::int32_t id = block_table[b * stride + static_cast<std::size_t>(j) / ps];
+      const std::size_t i = static_cast<std::size_t>(j) / ps;
+      const std::int32_t id = block_table[b * stride + i];
       valid = valid && id >= 0 && id < static_cast<std::int32_t>(pages);
+      // A page twice in one sequence's pages is refused.
+      for (std::size_t u = 0; u < i; ++u) valid = valid && block_table[b * stride + u] != id;
     }
     if (rotate && n[b] > 0) valid = valid && lengths[b] - 1 < static_cast<std::int64_t>(table_positions);
   }
