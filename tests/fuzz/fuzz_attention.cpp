@@ -1,11 +1,10 @@
 // The fuzz target's attention decoders: rope::attention's softmax (multi-head
 // views with grouped heads, masks, positions, a KV cache of rotated keys,
-// threads), softmax_batch and write_slots over paged caches of f32, bf16,
-// f16 and int8, and linear attention (given features with eq. 19, and FAVOR+
-// over views). A decoded call is valid or breaks exactly one argument; a
-// broken call must throw the documented exception and write nothing, a valid
-// one must equal the long-double oracle on every row that sees only finite
-// inputs, and no row may be touched by a non-finite value it does not see.
+// threads), softmax_batch, write_slots and norm_rope_append (the fused
+// QK-norm, RoPE and cache write) over paged caches of f32, bf16, f16 and int8, and linear attention (given features
+// with eq. 19, and FAVOR+ over views). A decoded call is valid or breaks exactly one argument; a broken call must throw
+// the documented exception and write nothing, a valid one must equal the long-double oracle on every row that sees only
+// finite inputs, and no row may be touched by a non-finite value it does not see.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -624,8 +623,11 @@ void batch_typed(Bytes& in) {
     valid = valid && lengths[b] >= n[b] && lengths[b] <= static_cast<std::int64_t>(capacity);
     if (!valid) break;
     for (std::int64_t j = 0; j < lengths[b]; j += static_cast<std::int64_t>(ps)) {
-      const std::int32_t id = block_table[b * stride + static_cast<std::size_t>(j) / ps];
+      const std::size_t i = static_cast<std::size_t>(j) / ps;
+      const std::int32_t id = block_table[b * stride + i];
       valid = valid && id >= 0 && id < static_cast<std::int32_t>(pages);
+      // A page twice in one sequence's pages is refused.
+      for (std::size_t u = 0; u < i; ++u) valid = valid && block_table[b * stride + u] != id;
     }
     if (rotate && n[b] > 0) valid = valid && lengths[b] - 1 < static_cast<std::int64_t>(table_positions);
   }
@@ -932,6 +934,372 @@ void write_slots_any(Bytes& in) {
   }
 }
 
+// RMSNorm in float, in the order append.hpp documents: eight fused sums
+// (channel c into sum c % 8), added pairwise as written there, then
+// r = 1 / sqrt(ss / n + eps) and y = (x r) w (or (x r)(1 + w)).
+std::vector<float> rms_norm_float(std::vector<float> x, const float* w, float eps, bool plus_one) {
+  float s[8] = {};
+  for (std::size_t c = 0; c < x.size(); ++c) s[c % 8] = std::fma(x[c], x[c], s[c % 8]);
+  const float ss = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+  const float r = 1.0f / std::sqrt(ss / static_cast<float>(x.size()) + eps);
+  for (std::size_t c = 0; c < x.size(); ++c) {
+    const float xr = x[c] * r;
+    x[c] = plus_one ? xr * (1.0f + w[c]) : xr * w[c];
+  }
+  return x;
+}
+
+// |got - want| within one rounding of a value of type E (int8: of its
+// vector's scale), want the long-double value, top the largest |want| of its
+// row.
+template <class E>
+bool within_one_rounding(LD got, LD want, LD top) {
+  const LD slack = 1e-6L * (1 + top), ax = std::fabs(want);
+  const LD bound = std::is_same<E, float>::value            ? slack
+                   : std::is_same<E, rope::BFloat16>::value ? ax / 256 + slack
+                   : std::is_same<E, rope::Float16>::value  ? ax / 1024 + std::ldexp(1.0L, -24) + slack
+                                                            : top / 254 * (1 + 1e-5L) + slack;
+  return std::fabs(got - want) <= bound;
+}
+
+// norm_rope_append of In rows (float or bfloat16) into a paged cache of E,
+// q_out float (apart, or q itself for float rows): per-head, whole-projection
+// or no norm on either side, plus_one, eps valid or not (0, NaN, negative,
+// infinite, below float's least subnormal), slots of -1, below -1, outside
+// the pool and twice, positions from an offset or ids (some outside the
+// table), write_back_k, and broken views, weights and scales. A refused call
+// throws the function's exception and writes nothing; an accepted one writes
+// q_out, the named slots (and k with write_back_k), each value within one
+// rounding of the long-double rotation of the float RMSNorm (the documented
+// order, replicated) of its input, and nothing else.
+template <class E, class In>
+void append_typed(Bytes& in) {
+  constexpr bool scaled = rope::KvElement<E>::kScaled;
+  constexpr bool float_rows = std::is_same<In, float>::value;
+  const std::size_t pages = 1 + in.u8() % 4, ps = 1 + in.u8() % 4, hk = 1 + in.u8() % 2, group = 1 + in.u8() % 3,
+                    d = 1 + in.u8() % 8, dv = 1 + in.u8() % 5;
+  const std::size_t hq = hk * group;
+  const bool hnd = in.flag();
+  // Read before the long arrays; 0 (what a short input reads) breaks nothing.
+  const std::uint8_t view_break = in.u8() % 16;
+  const std::size_t slot_count = pages * ps, n = in.u8() % 5;
+  std::vector<std::int64_t> slots(std::max<std::size_t>(n, 1), -1);
+  for (std::size_t t = 0; t < n; ++t) {
+    const std::uint8_t kind = in.u8() % 8;
+    slots[t] = kind == 0   ? -1
+               : kind == 1 ? static_cast<std::int64_t>(slot_count + in.u8() % 2)
+               : kind == 2 ? -2 - static_cast<std::int64_t>(in.u8() % 3)
+               : kind == 3 ? (t > 0 ? slots[in.u8() % t] : -1)
+                           : static_cast<std::int64_t>(in.u8() % slot_count);
+  }
+  // The norm: 0 none, 1 per head, 2 over the whole projection.
+  const std::uint8_t norm_mode = in.u8() % 3, sides = in.u8() % 4;  // sides 1: Q only, 2: K only, else both
+  ra::AppendOptions o;
+  o.whole_projection = norm_mode == 2;
+  o.plus_one = in.flag();
+  o.write_back_k = in.flag();
+  o.threads = 1 + in.u8() % 3;
+  const double eps_values[] = {1e-6, 1e-5, 1e-3, 0.0, std::nan(""), -1e-6, HUGE_VAL, 1e-60};
+  o.eps = eps_values[in.u8() % 8];
+  const bool q_in_place = float_rows && in.flag();
+  const std::size_t q_size = o.whole_projection ? hq * d : d, k_size = o.whole_projection ? hk * d : d;
+  std::vector<float> q_weight(q_size + 1), k_weight(k_size + 1);
+  for (auto& w : q_weight) w = static_cast<float>((static_cast<int>(in.u8()) - 127) / 64.0);
+  for (auto& w : k_weight) w = static_cast<float>((static_cast<int>(in.u8()) - 127) / 64.0);
+  if (norm_mode != 0) {
+    if (sides != 2) o.q_norm = {q_weight.data(), q_size};
+    if (sides != 1) o.k_norm = {k_weight.data(), k_size};
+  }
+  const bool rotate = in.flag();
+  const std::size_t table_dim = 2 * (1 + in.u8() % 4), table_positions = 1 + in.u8() % 12;
+  const rope::Table<float> table(rope::frequencies(table_dim, 100.0), table_positions);
+  if (rotate) {
+    o.rotation.table = &table;
+    o.rotation.style = in.flag() ? rope::Style::rotate_half : rope::Style::block_diagonal;
+    o.rotation.rotary_dim = in.u8() % 4 == 0 ? in.u8() % 10 : 0;
+  }
+  const bool by_id = in.flag();
+  std::vector<std::int64_t> ids(std::max<std::size_t>(n, 1), 0);
+  const auto position = [&]() {
+    return in.u8() % 16 == 0 ? (in.flag() ? std::int64_t(-1) : static_cast<std::int64_t>(table_positions))
+                             : static_cast<std::int64_t>(in.u8() % table_positions);
+  };
+  std::int64_t offset = 0;
+  if (by_id) {
+    for (std::size_t t = 0; t < n; ++t) ids[t] = position();
+  } else {
+    offset = position();
+  }
+  const auto pos = [&](std::size_t t) { return by_id ? ids[t] : offset + static_cast<std::int64_t>(t); };
+
+  PoolData<E> kp, vp;
+  make_pool(kp, in, pages, ps, hk, d, hnd);
+  make_pool(vp, in, pages, ps, hk, dv, hnd);
+  // k's buffer is large enough for q_out over it and for rows of d + 1.
+  std::vector<In> q((n + 1) * hq * d), k((n + 1) * hq * (d + 1)), v((n + 1) * hk * dv);
+  for (auto& x : q) x = from_float<In>(attention_element<float>(in));
+  for (auto& x : k) x = from_float<In>(attention_element<float>(in));
+  for (auto& x : v) x = from_float<In>(attention_element<float>(in));
+  std::vector<float> q_out_data((n + 1) * hq * d, -9.0f);
+
+  rope::View<In> qv = rope::View<In>::token_major(q.data(), n, hq, d);
+  rope::View<In> kv = rope::View<In>::token_major(k.data(), n, hk, d);
+  rope::View<In> vv = rope::View<In>::token_major(v.data(), n, hk, dv);
+  rope::View<float> ov = rope::View<float>::token_major(q_out_data.data(), n, hq, d);
+  if constexpr (float_rows) {
+    if (q_in_place) ov = rope::View<float>::token_major(q.data(), n, hq, d);
+  }
+  const std::int64_t* slot_ptr = slots.data();
+  bool valid = true, read_only = false;
+  switch (view_break) {
+    case 1:
+      ov.data = nullptr;
+      valid = false;
+      break;
+    case 2:
+      ov.tokens = n + 1;
+      valid = false;
+      break;
+    case 3:
+      kv = rope::View<In>::token_major(k.data(), n, hk, d + 1);
+      valid = false;
+      break;
+    case 4:
+      if (o.q_norm.data != nullptr) {
+        o.q_norm.size += 1;
+        valid = false;
+      }
+      break;
+    case 5:
+      o.k_norm = {nullptr, std::max<std::size_t>(o.k_norm.size, 1)};
+      valid = false;
+      break;
+    case 6:
+      (scaled ? kp.pool.scales : vp.pool.scales) = scaled ? nullptr : vp.scales.data();
+      valid = false;
+      break;
+    case 7:
+      slot_ptr = nullptr;
+      valid = n == 0;
+      break;
+    case 8:
+      read_only = true;
+      o.write_back_k = true;
+      valid = false;
+      break;
+    case 9:
+      if constexpr (std::is_same<E, In>::value) {
+        if (n > 0 && n <= ps) {
+          kv = vp.pool.page(0).slice_tokens(0, n);  // k inside cache.v
+          valid = false;
+        }
+      }
+      break;
+    case 10:
+      if constexpr (float_rows) {
+        if (n > 0 && !q_in_place) {
+          ov = rope::View<float>::token_major(k.data(), n, hq, d);  // q_out over k
+          valid = false;
+        }
+      }
+      break;
+    default: break;
+  }
+  const ra::PagedCache<E> cache{kp.pool, vp.pool};
+  const auto kd = kp.data, vd = vp.data;
+  const auto ks = kp.scales, vs = vp.scales;
+  const auto q_input = q, k_input = k, v_input = v;
+  const auto out_before = q_out_data;
+
+  // Validity, judged here from the documentation.
+  const std::size_t r = rotate ? (o.rotation.rotary_dim == 0 ? table_dim : o.rotation.rotary_dim) : 0;
+  if (slot_ptr != nullptr) {
+    for (std::size_t t = 0; t < n; ++t) {
+      valid = valid && slots[t] >= -1 && slots[t] < static_cast<std::int64_t>(slot_count);
+      for (std::size_t u = 0; u < t; ++u) valid = valid && (slots[t] < 0 || slots[u] != slots[t]);
+    }
+  }
+  if (o.q_norm.data != nullptr || o.k_norm.data != nullptr) {
+    valid = valid && o.eps > 0 && std::isfinite(o.eps) && static_cast<float>(o.eps) > 0;
+  }
+  if (rotate) valid = valid && r % 2 == 0 && r <= table_dim && r <= d;
+  bool positions_ok = true;
+  for (std::size_t t = 0; t < n && rotate; ++t) {
+    positions_ok = positions_ok && pos(t) >= 0 && pos(t) < static_cast<std::int64_t>(table_positions);
+  }
+  const std::string where = "norm_rope_append pages=" + std::to_string(pages) + "x" + std::to_string(ps) +
+                            " heads=" + std::to_string(hq) + "/" + std::to_string(hk) + " d=" + std::to_string(d) +
+                            "/" + std::to_string(dv) + " n=" + std::to_string(n) + " r=" + std::to_string(r) +
+                            " norm=" + std::to_string(norm_mode) + "/" + std::to_string(sides) +
+                            " in_place=" + std::to_string(q_in_place) + " back=" + std::to_string(o.write_back_k) +
+                            " break=" + std::to_string(view_break);
+  bool threw = false;
+  const auto text_ok = [](const char* what) {
+    return std::string(what).find("rope::attention::norm_rope_append: ") == 0;
+  };
+  try {
+    if (read_only) {
+      ra::norm_rope_append(rope::View<const In>(qv), rope::View<const In>(kv), rope::View<const In>(vv),
+                           by_id ? rope::Positions(ids.data()) : rope::Positions(offset), slot_ptr, cache, ov, o);
+    } else {
+      ra::norm_rope_append(qv, kv, vv, by_id ? rope::Positions(ids.data()) : rope::Positions(offset), slot_ptr, cache,
+                           ov, o);
+    }
+  } catch (const rope::invalid_argument& e) {
+    threw = true;
+    ROPE_FUZZ_CHECK(!valid, where + ": " + e.what());
+    ROPE_FUZZ_CHECK(text_ok(e.what()), e.what());
+  } catch (const rope::out_of_range& e) {
+    threw = true;
+    ROPE_FUZZ_CHECK(valid && !positions_ok, where + ": " + e.what());
+    ROPE_FUZZ_CHECK(text_ok(e.what()), e.what());
+  }
+  ROPE_FUZZ_CHECK(std::memcmp(v.data(), v_input.data(), v.size() * sizeof(In)) == 0, where + ": v written");
+  if (threw) {
+    ROPE_FUZZ_CHECK(std::memcmp(q.data(), q_input.data(), q.size() * sizeof(In)) == 0, where + ": q written");
+    ROPE_FUZZ_CHECK(std::memcmp(k.data(), k_input.data(), k.size() * sizeof(In)) == 0, where + ": k written");
+    ROPE_FUZZ_CHECK(std::memcmp(q_out_data.data(), out_before.data(), q_out_data.size() * sizeof(float)) == 0,
+                    where + ": q_out written");
+    ROPE_FUZZ_CHECK(same_pool(kp, kd, ks) && same_pool(vp, vd, vs), where + ": a refused call wrote the cache");
+    return;
+  }
+  ROPE_FUZZ_CHECK(valid && positions_ok, where + ": an invalid call was accepted");
+
+  // The oracle: each token's heads of one side widened, normalized in float
+  // as documented, rotated in long double from the table's own cos/sin.
+  const float eps = static_cast<float>(o.eps);
+  const auto oracle = [&](const std::vector<In>& data, std::size_t t, std::size_t heads, const ra::NormWeights& w) {
+    std::vector<float> x(heads * d);
+    for (std::size_t h = 0; h < heads; ++h) {
+      for (std::size_t c = 0; c < d; ++c) x[h * d + c] = rope::detail::widen_value(data[(t * heads + h) * d + c]);
+    }
+    if (w.data != nullptr) {
+      if (o.whole_projection) {
+        x = rms_norm_float(x, w.data, eps, o.plus_one);
+      } else {
+        for (std::size_t h = 0; h < heads; ++h) {
+          const auto y =
+              rms_norm_float(std::vector<float>(x.begin() + h * d, x.begin() + (h + 1) * d), w.data, eps, o.plus_one);
+          std::copy(y.begin(), y.end(), x.begin() + h * d);
+        }
+      }
+    }
+    std::vector<std::vector<LD>> rows(heads);
+    for (std::size_t h = 0; h < heads; ++h) {
+      rows[h].assign(x.begin() + h * d, x.begin() + (h + 1) * d);
+      if (rotate) rows[h] = rotate_ld(rows[h], table, o.rotation.style, r, pos(t));
+    }
+    return rows;
+  };
+  const auto top_of = [](const std::vector<LD>& x) {
+    LD top = 0;
+    for (LD a : x) top = std::max(top, std::fabs(a));
+    return top;
+  };
+  // A row of In or float values against the oracle's: each finite value
+  // within one rounding.
+  const auto check_row = [&](const auto* got, const std::vector<LD>& want, const auto* type, const std::string& at) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(type)>>;
+    const LD top = finite_all(want) ? top_of(want) : 0;
+    for (std::size_t c = 0; c < want.size(); ++c) {
+      if (!std::isfinite(want[c]) || !finite_all(want)) continue;
+      const LD g = rope::detail::widen_value(got[c]);
+      ROPE_FUZZ_CHECK(within_one_rounding<T>(g, want[c], top), at + " channel " + std::to_string(c) + ": got " +
+                                                                   std::to_string(double(g)) + ", want " +
+                                                                   std::to_string(double(want[c])));
+    }
+  };
+  std::vector<std::vector<std::vector<LD>>> k_want(n);
+  for (std::size_t t = 0; t < n; ++t) {
+    const auto q_want = oracle(q_input, t, hq, o.q_norm);
+    for (std::size_t h = 0; h < hq; ++h) {
+      check_row(ov.row(t, h), q_want[h], static_cast<const float*>(nullptr),
+                where + ": q_out token " + std::to_string(t) + " head " + std::to_string(h));
+    }
+    k_want[t] = oracle(k_input, t, hk, o.k_norm);
+    for (std::size_t h = 0; h < hk && o.write_back_k; ++h) {
+      check_row(k.data() + (t * hk + h) * d, k_want[t][h], static_cast<const In*>(nullptr),
+                where + ": k written back, token " + std::to_string(t) + " head " + std::to_string(h));
+    }
+  }
+  if (!o.write_back_k) {
+    ROPE_FUZZ_CHECK(std::memcmp(k.data(), k_input.data(), k.size() * sizeof(In)) == 0, where + ": k written");
+  }
+  if (!q_in_place) {
+    ROPE_FUZZ_CHECK(std::memcmp(q.data(), q_input.data(), q.size() * sizeof(In)) == 0, where + ": q written");
+  }
+  // Past q_out's rows nothing is written.
+  const std::size_t out_end = n * hq * d;
+  if (!q_in_place) {
+    ROPE_FUZZ_CHECK(std::memcmp(q_out_data.data() + out_end, out_before.data() + out_end,
+                                (q_out_data.size() - out_end) * sizeof(float)) == 0,
+                    where + ": past q_out");
+  }
+
+  // Every slot no token names is as it was; a named one holds its token's
+  // K row (normalized, rotated) or V row, rounded once.
+  std::vector<std::int64_t> writer(slot_count, -1);
+  for (std::size_t t = 0; t < n; ++t) {
+    if (slots[t] >= 0) writer[static_cast<std::size_t>(slots[t])] = static_cast<std::int64_t>(t);
+  }
+  std::vector<E> k_old_data = kd, v_old_data = vd;
+  std::vector<float> k_old_scales = ks, v_old_scales = vs;
+  ra::PagePool<E> k_old = kp.pool, v_old = vp.pool;
+  k_old.data = k_old_data.data();
+  v_old.data = v_old_data.data();
+  k_old.scales = scaled ? k_old_scales.data() : nullptr;
+  v_old.scales = scaled ? v_old_scales.data() : nullptr;
+  const auto check_slots_of = [&](const PoolData<E>& now, const ra::PagePool<E>& old, std::size_t dim, bool is_k) {
+    for (std::size_t s = 0; s < slot_count; ++s) {
+      for (std::size_t h = 0; h < hk; ++h) {
+        const std::string at =
+            where + (is_k ? ": k" : ": v") + " slot " + std::to_string(s) + " head " + std::to_string(h);
+        if (writer[s] < 0) {
+          ROPE_FUZZ_CHECK(std::memcmp(now.pool.row(s, h), old.row(s, h), dim * sizeof(E)) == 0, at + " changed");
+          if (scaled) ROPE_FUZZ_CHECK(std::memcmp(now.pool.scale(s, h), old.scale(s, h), 4) == 0, at + " scale");
+          continue;
+        }
+        const auto t = static_cast<std::size_t>(writer[s]);
+        std::vector<LD> x(dim);
+        if (is_k) {
+          x = k_want[t][h];
+        } else {
+          for (std::size_t c = 0; c < dim; ++c) x[c] = rope::detail::widen_value(v_input[(t * hk + h) * dv + c]);
+        }
+        if (!finite_all(x)) {
+          if (scaled) {
+            ROPE_FUZZ_CHECK(std::isnan(*now.pool.scale(s, h)), at + ": a non-finite row's scale is not NaN");
+            for (std::size_t c = 0; c < dim; ++c)
+              ROPE_FUZZ_CHECK(rope::detail::widen_value(now.pool.row(s, h)[c]) == 0.0f, at + ": not 0");
+          }
+          continue;
+        }
+        const LD top = top_of(x);
+        if (scaled) {
+          ROPE_FUZZ_CHECK(std::fabs(LD(*now.pool.scale(s, h)) - top / 127) <= 1e-6L * (1 + top), at + ": the scale");
+        }
+        for (std::size_t c = 0; c < dim; ++c) {
+          const LD got = stored(now.pool, s, h, c);
+          ROPE_FUZZ_CHECK(within_one_rounding<E>(got, x[c], top), at + " channel " + std::to_string(c) + ": got " +
+                                                                      std::to_string(double(got)) + ", want " +
+                                                                      std::to_string(double(x[c])));
+        }
+      }
+    }
+  };
+  check_slots_of(kp, k_old, d, true);
+  check_slots_of(vp, v_old, dv, false);
+}
+
+template <class E>
+void append_any(Bytes& in) {
+  if (in.flag()) {
+    append_typed<E, float>(in);
+  } else {
+    append_typed<E, rope::BFloat16>(in);
+  }
+}
+
 }  // namespace
 
 void fuzz_softmax(Bytes& in) {
@@ -961,6 +1329,14 @@ void fuzz_write_slots(Bytes& in) {
   }
 }
 
+void fuzz_norm_rope_append(Bytes& in) {
+  switch (in.u8() % 3) {
+    case 0: append_any<float>(in); break;
+    case 1: append_any<rope::BFloat16>(in); break;
+    default: append_any<std::int8_t>(in); break;
+  }
+}
+
 void fuzz_linear(Bytes& in) {
   switch (in.u8() % 3) {
     case 0: linear_features<float>(in); break;
@@ -978,6 +1354,7 @@ void fuzz_softmax(Bytes&) {}
 void fuzz_linear(Bytes&) {}
 void fuzz_batch(Bytes&) {}
 void fuzz_write_slots(Bytes&) {}
+void fuzz_norm_rope_append(Bytes&) {}
 }  // namespace rope_fuzz
 
 #endif

@@ -7,8 +7,8 @@
 // Input layout: byte 0 picks the operation (frequencies, frequencies with a
 // scaling variant, the row kernel on float/double, apply/apply_qk on
 // float/double, and with rope::attention built, softmax and linear
-// attention, then softmax_batch and write_slots over paged caches:
-// fuzz_attention.cpp); the rest are read in order by Bytes
+// attention, then softmax_batch, write_slots and norm_rope_append over
+// paged caches: fuzz_attention.cpp); the rest are read in order by Bytes
 // (missing bytes read as zero, so every input decodes to something).
 #include <algorithm>
 #include <cmath>
@@ -575,8 +575,9 @@ void fuzz_apply(Bytes& in) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Bytes in(data, size);
-  // Selectors 0 .. 7 keep the meaning the corpus was written with.
-  switch (in.u8() % 10) {
+  // Selectors 0 .. 9 keep the meaning the corpus was written with (every
+  // seed there starts with a byte below 10).
+  switch (in.u8() % 11) {
     case 0: fuzz_frequencies(in); break;
     case 1: fuzz_scaling(in); break;
     case 2: fuzz_kernel<float>(in); break;
@@ -587,6 +588,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 7: rope_fuzz::fuzz_linear(in); break;
     case 8: rope_fuzz::fuzz_batch(in); break;
     case 9: rope_fuzz::fuzz_write_slots(in); break;
+    case 10: rope_fuzz::fuzz_norm_rope_append(in); break;
   }
   return 0;
 }

@@ -82,5 +82,6 @@ void fuzz_softmax(Bytes& in);
 void fuzz_linear(Bytes& in);
 void fuzz_batch(Bytes& in);
 void fuzz_write_slots(Bytes& in);
+void fuzz_norm_rope_append(Bytes& in);
 
 }  // namespace rope_fuzz
