@@ -247,97 +247,6 @@ void weighted_kv_group(const float* weights, std::size_t weight_stride, std::siz
   }
 }
 
-// Which input of xsimd's haddp each lane of its result sums: not always
-// the lane's own index (xsimd 8.1's AVX-512 kernel returns the sums of
-// inputs 0 1 4 5 2 3 6 7 ...), so it is read off once, from inputs whose
-// lanes all hold their index.
-template <class Arch>
-struct HaddpOrder {
-  std::size_t source[xsimd::batch<float, Arch>::size];
-};
-template <class Arch>
-const HaddpOrder<Arch>& haddp_order() noexcept {
-  static const HaddpOrder<Arch> order = [] {
-    using F = xsimd::batch<float, Arch>;
-    F rows[F::size];
-    for (std::size_t i = 0; i < F::size; ++i) rows[i] = F(static_cast<float>(i));
-    float out[F::size];
-    xsimd::haddp(rows).store_unaligned(out);
-    HaddpOrder<Arch> o{};
-    for (std::size_t l = 0; l < F::size; ++l) o.source[l] = static_cast<std::size_t>(out[l]) / F::size;
-    return o;
-  }();
-  return order;
-}
-
-// Scores of R query rows against K keys at once, R * K = the lanes of a
-// float batch: one sum per (key, row), the planes added into it as they
-// come, then all R * K sums reduced across lanes together (xsimd's haddp:
-// lane k * R + r of its result is the sum of the lanes of sum k * R + r),
-// instead of one reduction per row and key (haddp's lanes put back in
-// order by haddp_order). scores[r * score_stride + k] =
-// q_r . keys[k] (int8: before its scale). Reproducible: the order of every
-// sum depends on its lane of haddp only, fixed by the key's place in the
-// group of K.
-template <std::size_t R, std::size_t K, class E, class Arch>
-void dot_kv_keys(const float* q, std::size_t q_stride, std::size_t d, const E* const* keys, float* scores,
-                 std::size_t score_stride) noexcept {
-  using F = xsimd::batch<float, Arch>;
-  constexpr std::size_t lanes = F::size;
-  static_assert(R * K == lanes, "one sum per lane of the reduced batch");
-  constexpr std::size_t P = KvElement<E>::kPerLane;
-  constexpr std::size_t W = P * lanes;
-  const std::size_t full = d - d % W;
-  F sum[lanes];
-  ROPE_UNROLL
-  for (std::size_t i = 0; i < lanes; ++i) sum[i] = F(0.0f);
-  for (std::size_t base = 0; base < full; base += W) {
-    ROPE_UNROLL
-    for (std::size_t k = 0; k < K; ++k) {
-      F planes[P];
-      KvPlanes<E, Arch>::load(keys[k] + base, planes);
-      ROPE_UNROLL
-      for (std::size_t r = 0; r < R; ++r) {
-        const float* qr = q + r * q_stride + base;
-        ROPE_UNROLL
-        for (std::size_t p = 0; p < P; ++p) {
-          sum[k * R + r] = mul_add(F::load_unaligned(qr + p * lanes), planes[p], sum[k * R + r]);
-        }
-      }
-    }
-  }
-  float reduced[lanes], total[lanes];
-  xsimd::haddp(sum).store_unaligned(reduced);
-  const HaddpOrder<Arch>& order = haddp_order<Arch>();
-  for (std::size_t l = 0; l < lanes; ++l) total[order.source[l]] = reduced[l];
-  for (std::size_t k = 0; k < K; ++k) {
-    for (std::size_t r = 0; r < R; ++r) {
-      float t = total[k * R + r];
-      const float* qr = q + r * q_stride;
-      for (std::size_t c = full; c < d; ++c) t = std::fma(qr[c], widen_value(keys[k][c]), t);
-      scores[r * score_stride + k] = t;
-    }
-  }
-}
-
-// dot_kv_keys for R rows where they divide the lanes (instantiated only there).
-template <std::size_t R, class E, class Arch>
-void dot_keys_for(const float* q, std::size_t q_stride, std::size_t d, const E* const* keys, float* scores,
-                  std::size_t score_stride) noexcept {
-  constexpr std::size_t lanes = xsimd::batch<float, Arch>::size;
-  if constexpr (R < lanes && lanes % R == 0) {
-    dot_kv_keys<R, lanes / R, E, Arch>(q, q_stride, d, keys, scores, score_stride);
-  }
-}
-
-// The keys per group of dot_kv_keys for `rows` rows on Arch, 0 when rows
-// does not divide the lanes (or a group would be one key).
-template <class Arch>
-constexpr std::size_t keys_per_group(std::size_t rows) noexcept {
-  constexpr std::size_t lanes = xsimd::batch<float, Arch>::size;
-  return (rows == 1 || rows == 2 || rows == 4 || rows == 8) && rows < lanes && lanes % rows == 0 ? lanes / rows : 0;
-}
-
 }  // namespace detail
 
 // out = the d floats of x in plane order for E on Arch (out != x).
@@ -496,37 +405,7 @@ void attend_keys(const KvKeys<E>& a, const float* q, float* work, float* m, floa
   for (std::size_t c0 = a.first_key; c0 < a.first_key + a.keys; c0 += S) {
     const std::size_t left = a.first_key + a.keys - c0;
     const std::size_t count = left < S ? left : S;
-    std::size_t i = 0;
-    // Groups of keys reduced together where the group's rows fit the lanes.
-    constexpr std::size_t lanes = xsimd::batch<float, Arch>::size;
-    const std::size_t K = detail::keys_per_group<Arch>(G);
-    if (K > 0) {
-      for (; i + K <= count; i += K) {
-        std::size_t slots[lanes];
-        for (std::size_t k = 0; k < K; ++k) slots[k] = slot_of(c0 + i + k);
-        for (std::size_t k = 0; k < K; ++k) {
-          detail::prefetch_rows(a.v + (slots[k] / ps) * a.v_page_stride + (slots[k] % ps) * a.v_token_stride, Hk,
-                                a.v_head_stride * sizeof(E), dv * sizeof(E));
-        }
-        for (std::size_t g = 0; g < Hk; ++g) {
-          const E* rows[lanes];
-          for (std::size_t k = 0; k < K; ++k) rows[k] = k_row(slots[k], g);
-          float* sc = scores + g * G * S + i;
-          const float* qg = qp + g * G * d;
-          switch (G) {
-            case 1: detail::dot_keys_for<1, E, Arch>(qg, d, d, rows, sc, S); break;
-            case 2: detail::dot_keys_for<2, E, Arch>(qg, d, d, rows, sc, S); break;
-            case 4: detail::dot_keys_for<4, E, Arch>(qg, d, d, rows, sc, S); break;
-            default: detail::dot_keys_for<8, E, Arch>(qg, d, d, rows, sc, S); break;
-          }
-          for (std::size_t k = 0; k < K; ++k) {
-            const float ks = a.k_scales != nullptr ? a.scale * a.k_scales[slots[k] * Hk + g] : a.scale;
-            for (std::size_t r = 0; r < G; ++r) sc[r * S + k] *= ks;
-          }
-        }
-      }
-    }
-    for (; i < count; ++i) {
+    for (std::size_t i = 0; i < count; ++i) {
       const std::size_t slot = slot_of(c0 + i);
       // This token's values, for the weighted pass after the chunk (the
       // keys are read now; prefetching them ahead as well measured slower).
