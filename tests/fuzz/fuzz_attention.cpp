@@ -816,8 +816,8 @@ void write_slots_typed(Bytes& in) {
     slot_ptr = nullptr;
     valid = valid && n == 0;
   } else if (view_break == 8 && rotate) {
-    o.positions = nullptr;
-    valid = false;
+    o.positions = nullptr;  // needed only for tokens to rotate
+    valid = valid && n == 0;
   }
   const ra::PagedCache<E> cache{kp.pool, vp.pool};
   const auto kd = kp.data, vd = vp.data;
