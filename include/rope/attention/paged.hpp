@@ -6,8 +6,8 @@
 //
 //   data + p * page_stride + o * token_stride + h * head_stride
 //
-// so a pool is [pages, page_size, heads, head_dim] (nhd(), what vLLM and
-// FlashInfer call NHD) or [pages, heads, page_size, head_dim] (hnd()), or
+// so a pool is [pages, page_size, heads, head_dim] (nhd(): "NHD") or
+// [pages, heads, page_size, head_dim] (hnd(): "HND"), or
 // any other strides whose rows do not overlap. A slot names a row by page and
 // offset: slot = page * page_size + offset. An int8 pool has one float scale
 // per (slot, head), at scales[slot * heads + h]: the row holds q with x = s q
