@@ -41,6 +41,7 @@
 #include "archs.hpp"
 #include "attention_oracle.hpp"
 #include "executors.hpp"
+#include "kv_elements.hpp"
 #include "support.hpp"
 
 namespace {
@@ -60,26 +61,9 @@ constexpr double kEps = std::numeric_limits<float>::epsilon();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-template <class E>
-const char* element_name() {
-  if (std::is_same<E, float>::value) return "f32";
-  if (std::is_same<E, BFloat16>::value) return "bf16";
-  if (std::is_same<E, Float16>::value) return "f16";
-  return "int8";
-}
-
-template <class F>
-void for_each_element(F&& f) {
-  f(float{});
-  f(BFloat16{});
-  f(Float16{});
-  f(std::int8_t{});
-}
-
-float widen(float x) { return x; }
-float widen(BFloat16 x) { return rope::detail::widen_value(x); }
-float widen(Float16 x) { return rope::detail::widen_value(x); }
-float widen(std::int8_t x) { return static_cast<float>(x); }
+using rope_test::element_name;
+using rope_test::for_each_element;
+using rope_test::widen;
 
 template <class E>
 E poison() {

@@ -30,6 +30,7 @@
 #include <rope/reference.hpp>
 
 #include "archs.hpp"
+#include "kv_elements.hpp"
 #include "support.hpp"
 
 namespace {
@@ -42,27 +43,9 @@ template <class Arch>
 class KvRows : public ::testing::Test {};
 TYPED_TEST_SUITE(KvRows, rope_test::BuiltArchs, rope_test::ArchNames);
 
-template <class E>
-const char* element_name() {
-  if (std::is_same<E, float>::value) return "float";
-  if (std::is_same<E, BFloat16>::value) return "bf16";
-  if (std::is_same<E, Float16>::value) return "f16";
-  return "int8";
-}
-
-// Calls f(E{}) for every element type of a cache.
-template <class F>
-void for_each_element(F&& f) {
-  f(float{});
-  f(BFloat16{});
-  f(Float16{});
-  f(std::int8_t{});
-}
-
-float widen(float x) { return x; }
-float widen(BFloat16 x) { return rope::detail::widen_value(x); }
-float widen(Float16 x) { return rope::detail::widen_value(x); }
-float widen(std::int8_t x) { return static_cast<float>(x); }
+using rope_test::element_name;
+using rope_test::for_each_element;
+using rope_test::widen;
 
 // n random stored values: floats in [-1, 1] rounded into E; int8 over its
 // whole range, -128 included (widening must be exact there too).
