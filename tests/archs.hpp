@@ -49,6 +49,44 @@ struct TestTypesOf<xsimd::arch_list<A...>> {
   using type = ::testing::Types<A...>;
 };
 using BuiltArchs = typename TestTypesOf<xsimd::supported_architectures>::type;
+// BuiltArchs less the architectures whose code for the attention rows is
+// another one's: xsimd's SSE3, SSSE3 and SSE4.2 run SSE4.1's (or SSE2's)
+// conversions and arithmetic, FMA on SSE4.2 is FMA on AVX at half the width,
+// AVX2 without FMA is AVX2 with FMA's integer code with AVX's rounding, and
+// AVX-512 CD and DQ add nothing these kernels use. The attention-row suites
+// run on these, which keeps their cost (a suite per element type and
+// architecture) to the code that differs; the rotation kernels run on every
+// built architecture.
+template <class A>
+struct DistinctCode
+    : std::integral_constant<bool, std::is_same<A, xsimd::sse2>::value || std::is_same<A, xsimd::sse4_1>::value ||
+                                       std::is_same<A, xsimd::avx>::value ||
+                                       std::is_same<A, xsimd::fma3<xsimd::avx>>::value ||
+                                       std::is_same<A, xsimd::fma3<xsimd::avx2>>::value ||
+                                       std::is_same<A, xsimd::avx512f>::value || std::is_same<A, xsimd::avx512bw>::value
+#if defined(__aarch64__) || defined(__arm__)
+                                       || std::is_same<A, xsimd::neon>::value || std::is_same<A, xsimd::neon64>::value
+#endif
+                             > {
+};
+template <class Kept, class... Rest>
+struct KeepDistinct {
+  using type = Kept;
+};
+template <class... Kept, class A, class... Rest>
+struct KeepDistinct<::testing::Types<Kept...>, A, Rest...> {
+  using type = typename std::conditional<DistinctCode<A>::value,
+                                         typename KeepDistinct<::testing::Types<Kept..., A>, Rest...>::type,
+                                         typename KeepDistinct<::testing::Types<Kept...>, Rest...>::type>::type;
+};
+template <class List>
+struct DistinctOf;
+template <class... A>
+struct DistinctOf<xsimd::arch_list<A...>> {
+  using type = typename KeepDistinct<::testing::Types<>, A...>::type;
+};
+using DistinctArchs = typename DistinctOf<xsimd::supported_architectures>::type;
+
 struct ArchNames {
   template <class Arch>
   static std::string GetName(int) {

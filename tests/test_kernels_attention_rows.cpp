@@ -29,7 +29,7 @@ namespace {
 
 template <class Arch>
 class AttentionRows : public ::testing::Test {};
-TYPED_TEST_SUITE(AttentionRows, rope_test::BuiltArchs, rope_test::ArchNames);
+TYPED_TEST_SUITE(AttentionRows, rope_test::DistinctArchs, rope_test::ArchNames);
 
 constexpr std::size_t kDims[] = {1, 3, 4, 7, 8, 15, 16, 17, 31, 32, 33, 64, 65, 128, 130};
 

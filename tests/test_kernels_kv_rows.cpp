@@ -41,7 +41,7 @@ using LD = long double;
 
 template <class Arch>
 class KvRows : public ::testing::Test {};
-TYPED_TEST_SUITE(KvRows, rope_test::BuiltArchs, rope_test::ArchNames);
+TYPED_TEST_SUITE(KvRows, rope_test::DistinctArchs, rope_test::ArchNames);
 
 using rope_test::element_name;
 using rope_test::for_each_element;
