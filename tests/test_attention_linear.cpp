@@ -658,6 +658,92 @@ TEST(LinearErrors, LinearStatesAreChecked) {
   EXPECT_TRUE(at::same_bytes(out.data, untouched));
 }
 
+// Every byte a LinearState carries, for comparing a state before and after.
+std::vector<unsigned char> state_bytes(const std::vector<ra::LinearState<double>>& states) {
+  std::vector<unsigned char> bytes;
+  const auto add = [&](const void* p, std::size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    bytes.insert(bytes.end(), b, b + n);
+  };
+  for (const auto& s : states) {
+    add(s.key_value_sum().data(), sizeof(double) * static_cast<std::size_t>(s.key_value_sum().size()));
+    add(s.key_sum().data(), sizeof(double) * static_cast<std::size_t>(s.key_sum().size()));
+    const double offset = s.log_offset(), delta = s.delta();
+    const std::int64_t last = s.last_position();
+    const bool empty = s.empty();
+    add(&offset, sizeof offset);
+    add(&delta, sizeof delta);
+    add(&last, sizeof last);
+    add(&empty, sizeof empty);
+  }
+  return bytes;
+}
+
+// A refused causal call changes neither the states nor the output, whichever
+// check refuses it (one state of two too narrow, a query before the states'
+// last key, positions outside the rotation's table, a value width that is
+// not the states'), and the states stay usable: the call that continues
+// after the refusals gives, bit for bit, what it gives without them.
+TEST(LinearErrors, RefusedCallsLeaveTheStatesAsTheyWere) {
+  const LinearCase<double> c(93);
+  const std::size_t first = 9, next = 5;
+  ra::LinearOptions o;
+  o.causal = true;
+  o.chunk = 4;
+  const Rotation<double> rotation{&c.table, Style::rotate_half};
+  const auto call = [&](std::size_t t, std::size_t n, Heads<double>& out, std::vector<ra::LinearState<double>>* states,
+                        ra::LinearOptions step) {
+    step.q_offset = step.k_offset = static_cast<std::int64_t>(t) + step.q_offset;
+    ra::linear<double>(c.q.view().slice_tokens(t, n), c.k.view().slice_tokens(t, n), c.v.view().slice_tokens(t, n),
+                       out.view().slice_tokens(t, n), c.phi, step, rotation, states);
+  };
+  Heads<double> plain = Heads<double>::filled(c.l, c.hq, c.dv, -3.0), refused = plain;
+  std::vector<ra::LinearState<double>> kept, states;
+  call(0, first, plain, &kept, o);
+  call(0, first, refused, &states, o);
+  ASSERT_EQ(states.size(), c.hk);
+  const auto before = state_bytes(states);
+  const auto out_before = refused.data;
+
+  const auto refuse = [&](const char* what, const std::string& expected, auto&& f) {
+    const std::string msg = rope_test::thrown_message(f);
+    EXPECT_NE(msg.find(expected), std::string::npos) << what << ": " << msg;
+    EXPECT_EQ(state_bytes(states), before) << what << ": the states changed";
+    EXPECT_TRUE(at::same_bytes(refused.data, out_before)) << what << ": the output changed";
+  };
+  refuse("a narrow second state", "states[1].features() must be the feature dimension 16, got 8", [&] {
+    std::vector<ra::LinearState<double>> mixed = states;
+    mixed[1] = ra::LinearState<double>(c.m / 2, c.dv);
+    const auto first_state = state_bytes({mixed[0]});
+    try {
+      call(first, next, refused, &mixed, o);
+    } catch (...) {
+      EXPECT_EQ(state_bytes({mixed[0]}), first_state) << "states[0] changed";
+      throw;
+    }
+  });
+  refuse("a query before the last key",
+         "the position of query token 0 must be >= the last key position in states[0] (8), got 3",
+         [&] { call(3, 1, refused, &states, o); });
+  ra::LinearOptions far = o;
+  far.q_offset = 1000;  // the table holds 64 positions
+  refuse("positions outside the table", "out_of_range: ", [&] { call(first, next, refused, &states, far); });
+  refuse("another value width", "states[0].value_dim() must be v.head_dim = 5, got 4", [&] {
+    const Heads<double> wide(c.l, c.hk, c.dv + 1, 95);
+    Heads<double> wide_out = Heads<double>::filled(c.l, c.hq, c.dv + 1, -3.0);
+    ra::LinearOptions step = o;
+    step.q_offset = step.k_offset = static_cast<std::int64_t>(first);
+    ra::linear<double>(c.q.view().slice_tokens(first, next), c.k.view().slice_tokens(first, next),
+                       wide.view().slice_tokens(first, next), wide_out.view().slice_tokens(first, next), c.phi, step,
+                       rotation, &states);
+  });
+
+  call(first, next, plain, &kept, o);
+  call(first, next, refused, &states, o);
+  EXPECT_EQ(state_bytes(states), state_bytes(kept));
+  EXPECT_TRUE(at::same_bytes(refused.data, plain.data));
+}
+
 }  // namespace heads
 }  // namespace
 
