@@ -68,6 +68,64 @@ bool finite_all(const std::vector<LD>& x) {
   return true;
 }
 
+// |x_c| + |x_partner(c)| for the r channels a rotation of that style mixes
+// in pairs, |x_c| for the rest: a bound of the rotated element's magnitude
+// and, times a few units of rounding, of its rounding error.
+std::vector<LD> pair_magnitudes(const std::vector<LD>& x, rope::Style style, std::size_t r) {
+  std::vector<LD> m(x.size());
+  for (std::size_t c = 0; c < x.size(); ++c) m[c] = std::fabs(x[c]);
+  for (std::size_t p = 0; p < r / 2; ++p) {
+    const std::size_t a = style == rope::Style::rotate_half ? p : 2 * p;
+    const std::size_t b = style == rope::Style::rotate_half ? p + r / 2 : 2 * p + 1;
+    m[a] = m[b] = std::fabs(x[a]) + std::fabs(x[b]);
+  }
+  return m;
+}
+
+LD dot_magnitude(const std::vector<LD>& a, const std::vector<LD>& b) {
+  LD s = 0;
+  for (std::size_t c = 0; c < a.size(); ++c) s += a[c] * b[c];
+  return s;
+}
+
+// The unit roundoff of T: half an ulp of 1.
+template <class T>
+constexpr LD unit_roundoff() {
+  return LD(std::numeric_limits<T>::epsilon()) / 2;
+}
+
+// The rounding error a softmax row computed in T may have against the exact
+// row over the same inputs (a forward error bound, not a measured one).
+// Each key's score is off by at most delta_n = u ((d + 8) scale M_n +
+// 8 (|s_n| + |top| + 1)), where M_n bounds sum_c |q_c k_c| after rotation
+// (pair_magnitudes): d products and sums, two roundings of a rotated element,
+// then the scale, the cap and the subtraction of the maximum. The weights
+// exp(s_n - top) are then off by factors within exp(+-(delta + 4u)) (the
+// exponential's own error), which moves a weighted mean of values of
+// magnitude at most mag by at most expm1(2 (delta + 4u)) mag; the sums, the
+// rescaling at each chunk and the division add (4 n + 16) u mag over n keys.
+// The bound is doubled for the second-order terms left out.
+template <class T>
+LD softmax_row_bound(LD max_delta, std::size_t keys, LD magnitude) {
+  const LD u = unit_roundoff<T>();
+  return 2 * (std::expm1(2 * (max_delta + 4 * u)) + LD(4 * keys + 16) * u) * magnitude;
+}
+
+// What a row whose visible inputs are not all finite must hold (the
+// promise of docs/attention.md): NaN in every channel where a visible score
+// is NaN, NaN in channel c where a visible value's channel c is NaN. An
+// infinity that makes no NaN score is not asserted on.
+template <class T>
+void check_nan_row(const T* got, std::size_t dv, bool nan_score, const std::vector<bool>& nan_value,
+                   const std::string& where) {
+  for (std::size_t c = 0; c < dv; ++c) {
+    if (nan_score || nan_value[c]) {
+      ROPE_FUZZ_CHECK(std::isnan(static_cast<double>(got[c])),
+                      where + ": a row that sees a NaN is not NaN in channel " + std::to_string(c));
+    }
+  }
+}
+
 template <class T>
 std::vector<LD> head_row(const std::vector<T>& data, std::size_t t, std::size_t h, std::size_t heads, std::size_t dim) {
   std::vector<LD> r(dim);
@@ -168,50 +226,66 @@ void softmax_typed(Bytes& in) {
   // The oracle, per query head: naive softmax in long double over the keys
   // the mask shows.
   const LD scale = o.scale ? LD(*o.scale) : 1.0L / std::sqrt(LD(d));
-  const double tolerance = sizeof(T) == 4 ? 2e-4 : 1e-9;
+  const std::size_t rq = rotate ? r : 0, rk = rotate && !o.keys_rotated ? r : 0;
   for (std::size_t i = 0; i < lq; ++i) {
     for (std::size_t h = 0; h < hq; ++h) {
       const std::size_t g = h / group;
-      std::vector<LD> qi = head_row(q, i, h, hq, d);
+      const std::vector<LD> q_raw = head_row(q, i, h, hq, d);
+      const std::vector<LD> q_mag = pair_magnitudes(q_raw, rotation.style, rq);
+      std::vector<LD> qi = q_raw;
       if (rotate) qi = rotate_ld(qi, table, rotation.style, r, pq(i));
-      std::vector<LD> scores;
+      std::vector<LD> scores, bounds;
       std::vector<std::size_t> keys;
-      bool finite = finite_all(qi);
+      bool finite = finite_all(qi), nan_score = false;
+      std::vector<bool> nan_value(dv, false);
       for (std::size_t j = 0; j < lk; ++j) {
         const std::int64_t sq = o.q_sequence.empty() ? 0 : o.q_sequence[i],
                            sk = o.k_sequence.empty() ? 0 : o.k_sequence[j];
         if (sq != sk || (o.causal && pk(j) > pq(i))) continue;
         if (o.window != 0 && pk(j) <= pq(i) && pq(i) - pk(j) >= std::int64_t(o.window)) continue;
         std::vector<LD> kj = head_row(k, j, g, hk, d);
-        finite = finite && finite_all(kj) && finite_all(head_row(v, j, g, hk, dv));
+        const std::vector<LD> vj = head_row(v, j, g, hk, dv);
+        finite = finite && finite_all(kj) && finite_all(vj);
+        for (std::size_t c = 0; c < dv; ++c) nan_value[c] = nan_value[c] || std::isnan(vj[c]);
+        const LD m = dot_magnitude(q_mag, pair_magnitudes(kj, rotation.style, rk));
         if (rotate && !o.keys_rotated) kj = rotate_ld(kj, table, rotation.style, r, pk(j));
         LD s = 0;
         for (std::size_t c = 0; c < d; ++c) s += qi[c] * kj[c];
+        nan_score = nan_score || std::isnan(s);
         scores.push_back(s * scale);
+        bounds.push_back(m * scale);
         keys.push_back(j);
       }
       const T* got = out.data() + (i * hq + h) * dv;
+      const std::string at = where + ": row " + std::to_string(i) + " head " + std::to_string(h);
       if (keys.empty()) {
-        for (std::size_t c = 0; c < dv; ++c) ROPE_FUZZ_CHECK(got[c] == T(0), where + ": a row that sees no key");
+        for (std::size_t c = 0; c < dv; ++c) ROPE_FUZZ_CHECK(got[c] == T(0), at + ": a row that sees no key");
         continue;
       }
-      if (!finite) continue;  // NaN or not: only the rows that see it are concerned
+      if (!finite) {  // only the rows that see it are concerned
+        check_nan_row(got, dv, nan_score, nan_value, at);
+        continue;
+      }
       const LD top = *std::max_element(scores.begin(), scores.end());
-      LD sum = 0, magnitude = 0;
+      const LD u = unit_roundoff<T>();
+      LD sum = 0, magnitude = 0, max_delta = 0;
       std::vector<LD> want(dv, 0);
       for (std::size_t n = 0; n < keys.size(); ++n) {
         const LD w = std::exp(scores[n] - top);
         sum += w;
+        max_delta = std::max(max_delta, u * (LD(d + 8) * bounds[n] + 8 * (std::fabs(scores[n]) + std::fabs(top) + 1)));
         for (std::size_t c = 0; c < dv; ++c) {
           const LD vc = v[(keys[n] * hk + g) * dv + c];
           want[c] += w * vc;
           magnitude = std::max(magnitude, std::fabs(vc));
         }
       }
+      const LD tolerance = softmax_row_bound<T>(max_delta, keys.size(), magnitude);
       for (std::size_t c = 0; c < dv; ++c) {
-        ROPE_FUZZ_CHECK(std::isfinite(got[c]), where + ": a row of finite inputs is not finite");
-        ROPE_FUZZ_CHECK(std::fabs(LD(got[c]) - want[c] / sum) <= tolerance * (1 + magnitude),
-                        where + ": row " + std::to_string(i) + " head " + std::to_string(h));
+        ROPE_FUZZ_CHECK(std::isfinite(got[c]), at + ": a row of finite inputs is not finite");
+        ROPE_FUZZ_CHECK(std::fabs(LD(got[c]) - want[c] / sum) <= tolerance,
+                        at + ": off by " + std::to_string(double(std::fabs(LD(got[c]) - want[c] / sum))) + ", bound " +
+                            std::to_string(double(tolerance)));
       }
     }
   }
@@ -273,15 +347,22 @@ void linear_features(Bytes& in) {
   const auto pos = [&](const std::vector<std::int64_t>& ids, std::size_t i) {
     return ids.empty() ? std::int64_t(i) : ids[i];
   };
-  const double tolerance = sizeof(T) == 4 ? 1e-3 : 1e-9;
+  // The forward error bound of a row in T: each numerator term a_j is an
+  // m-term dot product of features rotated once (eq. 19), off by at most
+  // (m + 8) u A_j where A_j = sum_c |qn_c| |kn_c| over pair magnitudes;
+  // the sums over lk keys (in chunks or at once) and the division add
+  // (lk + 8) u of their terms' magnitudes; the denominator's terms are
+  // positive. Doubled for the second-order terms left out.
+  const LD u = unit_roundoff<T>();
   for (std::size_t i = 0; i < lq; ++i) {
     std::vector<LD> qn(m), qd(m);
     for (std::size_t c = 0; c < m; ++c) qn[c] = qd[c] = fq(Eigen::Index(i), Eigen::Index(c));
+    const std::vector<LD> q_mag = pair_magnitudes(qn, rope::Style::rotate_half, eq19 ? m : 0);
     if (eq19) qn = rotate_ld(qn, table, rope::Style::rotate_half, m, pos(o.q_positions, i));
     LD den = 0;
-    std::vector<LD> num(dv, 0);
-    bool finite = finite_all(qn), seen = false;
-    LD magnitude = 0;
+    std::vector<LD> num(dv, 0), num_magnitude(dv, 0);
+    bool finite = finite_all(qn) && finite_all(qd), seen = false, nan_score = false;
+    std::vector<bool> nan_value(dv, false);
     for (std::size_t j = 0; j < lk; ++j) {
       const std::int64_t sq = o.q_sequence.empty() ? 0 : o.q_sequence[i],
                          sk = o.k_sequence.empty() ? 0 : o.k_sequence[j];
@@ -290,30 +371,39 @@ void linear_features(Bytes& in) {
       std::vector<LD> kn(m), kd(m);
       for (std::size_t c = 0; c < m; ++c) kn[c] = kd[c] = fk(Eigen::Index(j), Eigen::Index(c));
       finite = finite && finite_all(kd);
+      const LD a_bound = dot_magnitude(q_mag, pair_magnitudes(kn, rope::Style::rotate_half, eq19 ? m : 0));
       if (eq19) kn = rotate_ld(kn, table, rope::Style::rotate_half, m, pos(o.k_positions, j));
       LD a = 0, b = 0;
       for (std::size_t c = 0; c < m; ++c) {
         a += qn[c] * kn[c];
         b += qd[c] * kd[c];
       }
+      nan_score = nan_score || std::isnan(a) || std::isnan(b);
       den += b;
       for (std::size_t c = 0; c < dv; ++c) {
         const LD vc = v(Eigen::Index(j), Eigen::Index(c));
         finite = finite && std::isfinite(vc);
+        nan_value[c] = nan_value[c] || std::isnan(vc);
         num[c] += a * vc;
-        magnitude = std::max(magnitude, std::fabs(a * vc));
+        num_magnitude[c] += a_bound * std::fabs(vc);
       }
     }
     if (!seen) {
       for (std::size_t c = 0; c < dv; ++c) ROPE_FUZZ_CHECK(got(Eigen::Index(i), Eigen::Index(c)) == T(0), where);
       continue;
     }
-    if (!finite || !(den > 1e-3L)) continue;
+    const std::string at = where + " row " + std::to_string(i);
+    if (!finite) {
+      check_nan_row(&got(Eigen::Index(i), 0), dv, nan_score, nan_value, at);
+      continue;
+    }
     for (std::size_t c = 0; c < dv; ++c) {
       const LD g = got(Eigen::Index(i), Eigen::Index(c));
-      ROPE_FUZZ_CHECK(std::isfinite(g), where + ": a row of finite inputs is not finite");
-      ROPE_FUZZ_CHECK(std::fabs(g - num[c] / den) <= tolerance * (1 + magnitude / den),
-                      where + " row " + std::to_string(i));
+      const LD want = num[c] / den;
+      const LD tolerance = 2 * LD(m + lk + 16) * u * 2 * (num_magnitude[c] / den + std::fabs(want));
+      ROPE_FUZZ_CHECK(std::isfinite(g), at + ": a row of finite inputs is not finite");
+      ROPE_FUZZ_CHECK(std::fabs(g - want) <= tolerance, at + ": off by " + std::to_string(double(std::fabs(g - want))) +
+                                                            ", bound " + std::to_string(double(tolerance)));
     }
   }
 }
@@ -676,33 +766,40 @@ void batch_typed(Bytes& in) {
       const std::int64_t p = lengths[b] - n[b] + i;
       for (std::size_t h = 0; h < hq; ++h) {
         const std::size_t g = h / group;
-        std::vector<LD> qi = head_row(q, t, h, hq, d);
+        const std::vector<LD> q_raw = head_row(q, t, h, hq, d);
+        const std::vector<LD> q_mag = pair_magnitudes(q_raw, o.rotation.style, rotate ? r : 0);
+        std::vector<LD> qi = q_raw;
         if (rotate) qi = rotate_ld(qi, table, o.rotation.style, r, p);
-        bool finite = finite_all(qi);
-        std::vector<LD> scores;
+        bool finite = finite_all(qi), nan_score = false;
+        std::vector<bool> nan_value(dv, false);
+        std::vector<LD> scores, bounds;
         std::vector<std::size_t> keys;
         LD magnitude = 0;
         for (std::int64_t j = 0; j < lengths[b]; ++j) {
           if (o.causal && j > p) continue;
           if (o.window > 0 && j <= p - static_cast<std::int64_t>(o.window)) continue;
           const std::size_t slot = static_cast<std::size_t>(row[j / std::int64_t(ps)]) * ps + std::size_t(j) % ps;
-          LD s = 0;
+          LD s = 0, m = 0;
           for (std::size_t c = 0; c < d; ++c) {
             const LD kc = stored(kp.pool, slot, g, c);
             finite = finite && std::isfinite(kc);
             s += qi[c] * kc;
+            m += q_mag[c] * std::fabs(kc);
           }
           for (std::size_t c = 0; c < dv; ++c) {
             const LD vc = stored(vp.pool, slot, g, c);
             finite = finite && std::isfinite(vc);
+            nan_value[c] = nan_value[c] || std::isnan(vc);
             magnitude = std::max(magnitude, std::fabs(vc));
           }
+          nan_score = nan_score || std::isnan(s);
           s *= scale;
           if (o.softcap) {
             const LD cap = static_cast<float>(*o.softcap);
             s = cap * std::tanh(s / cap);
           }
           scores.push_back(s);
+          bounds.push_back(m * scale);
           keys.push_back(slot);
         }
         const float* got = out.data() + (t * hq + h) * dv;
@@ -712,21 +809,30 @@ void batch_typed(Bytes& in) {
           for (std::size_t c = 0; c < dv; ++c) ROPE_FUZZ_CHECK(got[c] == 0.0f, at + ": a row that sees no key");
           continue;
         }
-        if (!finite) continue;  // only the rows that see a non-finite value are concerned
+        if (!finite) {  // only the rows that see a non-finite value are concerned
+          check_nan_row(got, dv, nan_score, nan_value, at);
+          continue;
+        }
         const float sink = o.sinks.empty() ? -std::numeric_limits<float>::infinity() : static_cast<float>(o.sinks[h]);
         LD top = *std::max_element(scores.begin(), scores.end());
         if (std::isfinite(sink)) top = std::max(top, LD(sink));
+        const LD u = unit_roundoff<float>();
         LD sum = std::isfinite(sink) ? std::exp(LD(sink) - top) : 0;
+        LD max_delta = std::isfinite(sink) ? 8 * u * (std::fabs(LD(sink)) + std::fabs(top) + 1) : 0;
         std::vector<LD> want(dv, 0);
         for (std::size_t k = 0; k < keys.size(); ++k) {
           const LD w = std::exp(scores[k] - top);
           sum += w;
+          max_delta =
+              std::max(max_delta, u * (LD(d + 8) * bounds[k] + 8 * (std::fabs(scores[k]) + std::fabs(top) + 1)));
           for (std::size_t c = 0; c < dv; ++c) want[c] += w * stored(vp.pool, keys[k], g, c);
         }
+        const LD tolerance = softmax_row_bound<float>(max_delta, keys.size(), magnitude);
         for (std::size_t c = 0; c < dv; ++c) {
           ROPE_FUZZ_CHECK(std::isfinite(got[c]), at + ": a row of finite inputs is not finite");
-          ROPE_FUZZ_CHECK(std::fabs(LD(got[c]) - want[c] / sum) <= 2e-4L * (1 + magnitude),
-                          at + ": got " + std::to_string(got[c]) + ", want " + std::to_string(double(want[c] / sum)));
+          ROPE_FUZZ_CHECK(std::fabs(LD(got[c]) - want[c] / sum) <= tolerance,
+                          at + ": got " + std::to_string(got[c]) + ", want " + std::to_string(double(want[c] / sum)) +
+                              ", bound " + std::to_string(double(tolerance)));
         }
       }
     }
