@@ -1,5 +1,5 @@
-// Attention's SIMD rows (kernels/attention_rows.hpp) on every architecture
-// this build targets, each suite named by its architecture, against their
+// Attention's SIMD rows (kernels/attention_rows.hpp) on each architecture of
+// the build whose code differs (rope_test::DistinctArchs), each suite named by it, against their
 // scalar twins (reference.hpp) and long double:
 //   weighted_rows equals reference::weighted_rows bit for bit where the
 //   architecture has fused multiply-adds (both add value by value, one

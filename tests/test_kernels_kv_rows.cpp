@@ -1,5 +1,5 @@
-// The KV-cache rows (kernels/kv_rows.hpp) on every architecture this build
-// targets, each suite named by its architecture, for every element type a
+// The KV-cache rows (kernels/kv_rows.hpp) on each architecture of the build
+// whose code differs (rope_test::DistinctArchs), each suite named by it, for every element type a
 // cache may hold (float, BFloat16, Float16, int8), against their scalar
 // twins (reference.hpp), long double and the documented formulas:
 //   permute_row / unpermute_row: the plane order of the header, and inverses;
