@@ -6,7 +6,10 @@
 // partial rotary, grouped-query heads, every norm form, positions as offset
 // and ids, NHD and HND pools, a fused QKV buffer, padding slots, K's
 // write-back, threads and executors; NaN confinement to its own token; and
-// every refusal, which must leave every output byte as it was.
+// every refusal, which must leave every output byte as it was. Multi-axis
+// positions (options.pair_axes) against the norm, rope::apply_mrope on float
+// rows and write_slots of the results, and against the one-position call
+// when every axis holds the same positions.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,6 +24,7 @@
 #include <rope/apply.hpp>
 #include <rope/attention.hpp>
 #include <rope/frequencies.hpp>
+#include <rope/multi_axis.hpp>
 #include <rope/table.hpp>
 
 #include "executors.hpp"
@@ -230,8 +234,9 @@ struct Fixture {
     return s;
   }
 
-  // Rows of one side widened, normalized and rotated as separate steps.
-  std::vector<float> unfused(const rope::View<In>& x, const std::vector<float>& w) const {
+  // Rows of one side widened, normalized and rotated (unless !rotate) as
+  // separate steps.
+  std::vector<float> unfused(const rope::View<In>& x, const std::vector<float>& w, bool rotate = true) const {
     const std::size_t T = x.tokens, H = x.heads;
     std::vector<float> f(T * H * d());
     for (std::size_t t = 0; t < T; ++t) {
@@ -246,7 +251,7 @@ struct Fixture {
           plain_rms_norm(f.data() + (t * H + h) * d(), d(), w.data(), eps, c.plus_one);
       }
     }
-    if (c.rotate) {
+    if (c.rotate && rotate) {
       rope::Options o;
       o.rotary_dim = c.rotary_dim;
       rope::apply(rope::View<float>::token_major(f.data(), T, H, d()), table, c.style, positions(), o);
@@ -575,6 +580,121 @@ TEST(NormRopeAppend, NanStaysInItsToken) {
   }
 }
 
+// ---- Multi-axis positions (options.pair_axes): M-RoPE in the fused step.
+
+// [3, tokens] positions, axis-major; the three axes differ at every token,
+// so a pair read from the wrong axis changes its angle.
+std::vector<std::int64_t> mrope_positions(std::size_t tokens) {
+  std::vector<std::int64_t> p(3 * tokens);
+  for (std::size_t t = 0; t < tokens; ++t) {
+    p[t] = static_cast<std::int64_t>((t * 7 + 3) % kTablePositions);
+    p[tokens + t] = static_cast<std::int64_t>((t * 13 + 40) % kTablePositions);
+    p[2 * tokens + t] = static_cast<std::int64_t>((t * 29 + 21) % kTablePositions);
+  }
+  return p;
+}
+
+// The fused call with multi-axis positions equals, bit for bit, the steps
+// one after another: the norm by hand (or none), rope::apply_mrope on the
+// float rows of Q and K, Q rounded into q_out, and write_slots of the
+// rotated K and of V (no rotation there) into the cache.
+template <class E>
+void expect_mrope_matches_unfused(const Case& c, const rope::MropeSections& sections) {
+  const Fixture<float, float, E> s(c);
+  const std::size_t pairs = (c.rotary_dim != 0 ? c.rotary_dim : s.table.rotary_dim()) / 2;
+  const rope::PairAxes pa = rope::PairAxes::sections(sections, pairs);
+  const std::vector<std::int64_t> axis_positions = mrope_positions(c.tokens);
+  State<float, float, E> got = s.initial;
+  {
+    const auto b = s.bind(got);
+    ra::AppendOptions o = s.options();
+    o.pair_axes = &pa;
+    o.axis_positions = axis_positions.data();
+    ra::norm_rope_append(b.q, b.k, b.v, 0, s.slots.data(), b.cache, b.q_out, o);
+  }
+  State<float, float, E> want = s.initial;
+  State<float, float, E> source = s.initial;
+  const auto src = s.bind(source);
+  const auto b = s.bind(want);
+  std::vector<float> qf = s.unfused(src.q, s.qw, false), kf = s.unfused(src.k, s.kw, false);
+  rope::Options ro;
+  ro.rotary_dim = c.rotary_dim;
+  const std::size_t T = c.tokens, D = c.head_dim;
+  const auto qv = rope::View<float>::token_major(qf.data(), T, c.q_heads, D);
+  const auto kv = rope::View<float>::token_major(kf.data(), T, c.kv_heads, D);
+  rope::apply_mrope(qv, s.table, c.style, axis_positions.data(), pa, ro);
+  rope::apply_mrope(kv, s.table, c.style, axis_positions.data(), pa, ro);
+  for (std::size_t t = 0; t < T; ++t) {
+    for (std::size_t h = 0; h < c.q_heads; ++h) std::memcpy(b.q_out.row(t, h), qv.row(t, h), D * sizeof(float));
+    if (c.write_back) {
+      for (std::size_t h = 0; h < c.kv_heads; ++h) std::memcpy(b.k.row(t, h), kv.row(t, h), D * sizeof(float));
+    }
+  }
+  ra::write_slots(rope::View<const float>(kv), rope::View<const float>(src.v), s.slots.data(), b.cache);
+  EXPECT_TRUE(same_state(got, want));
+  // The rotation did something: q_out is not the normalized, unrotated Q.
+  const std::vector<float> unrotated = s.unfused(src.q, s.qw, false);
+  EXPECT_NE(std::memcmp(b.q_out.row(1, 0), unrotated.data() + c.q_heads * D, D * sizeof(float)), 0);
+}
+
+TEST(NormRopeAppendMultiAxis, MatchesNormThenApplyMropeThenWriteSlots) {
+  using rope::SectionOrder;
+  // head_dim 32: 16 pairs in full, 12 with rotary_dim 24 (8 channels pass).
+  const rope::MropeSections chunked_full{{8, 4, 4}, SectionOrder::chunked};
+  const rope::MropeSections interleaved_full{{6, 5, 5}, SectionOrder::interleaved};
+  const rope::MropeSections chunked_partial{{4, 4, 4}, SectionOrder::chunked};
+  const rope::MropeSections interleaved_partial{{4, 4, 4}, SectionOrder::interleaved};
+  for (const NormKind norm : {NormKind::per_head, NormKind::none}) {
+    for (const bool partial : {false, true}) {
+      Case c;
+      c.norm = norm;
+      c.rotary_dim = partial ? 24 : 0;
+      c.write_back = true;
+      const auto& ch = partial ? chunked_partial : chunked_full;
+      const auto& il = partial ? interleaved_partial : interleaved_full;
+      SCOPED_TRACE(std::string("norm ") + std::to_string(int(norm)) + (partial ? " partial" : " full"));
+      expect_mrope_matches_unfused<float>(c, ch);
+      expect_mrope_matches_unfused<BFloat16>(c, il);
+      c.style = Style::block_diagonal;
+      c.hnd = true;
+      c.write_back = false;
+      expect_mrope_matches_unfused<BFloat16>(c, ch);
+      expect_mrope_matches_unfused<float>(c, il);
+    }
+  }
+  // Whole-projection norm, threads: the same bytes.
+  Case c;
+  c.norm = NormKind::whole;
+  c.threads = 3;
+  expect_mrope_matches_unfused<BFloat16>(c, interleaved_full);
+}
+
+// Every axis holding the token's one position: the same bytes as the
+// one-position call, positions as ids and as an offset.
+TEST(NormRopeAppendMultiAxis, EqualAxesAreTheOnePositionCall) {
+  for (const bool ids : {true, false}) {
+    Case c;
+    c.ids = ids;
+    c.rotary_dim = 24;
+    c.write_back = true;
+    const Fixture<float, float, BFloat16> s(c);
+    std::vector<std::int64_t> same(3 * c.tokens);
+    for (std::size_t a = 0; a < 3; ++a) {
+      for (std::size_t t = 0; t < c.tokens; ++t) same[a * c.tokens + t] = s.positions().at(t);
+    }
+    for (const auto order : {rope::SectionOrder::chunked, rope::SectionOrder::interleaved}) {
+      const rope::PairAxes pa = rope::PairAxes::sections({{4, 4, 4}, order}, 12);
+      State<float, float, BFloat16> got = s.initial;
+      const auto b = s.bind(got);
+      ra::AppendOptions o = s.options();
+      o.pair_axes = &pa;
+      o.axis_positions = same.data();
+      ra::norm_rope_append(b.q, b.k, b.v, 0, s.slots.data(), b.cache, b.q_out, o);
+      EXPECT_TRUE(same_state(got, s.run())) << "ids " << ids << " order " << int(order);
+    }
+  }
+}
+
 // ---- Refusals: the message names the argument, and nothing is written.
 
 const char kFn[] = "rope::attention::norm_rope_append: ";
@@ -677,6 +797,65 @@ TEST(NormRopeAppendRefuses, PositionsOutsideTheTable) {
               State<float, float, I8> st = r.s.initial;
               const auto b = r.s.bind(st);
               ra::norm_rope_append(b.q, b.k, b.v, last, r.s.slots.data(), b.cache, b.q_out, r.s.options());
+            }),
+            "no exception");
+}
+
+TEST(NormRopeAppendRefuses, MultiAxisPositions) {
+  Refusal<I8> r;
+  const std::size_t T = r.c.tokens;
+  const rope::PairAxes good = rope::PairAxes::sections({{8, 4, 4}, rope::SectionOrder::chunked}, 16);
+  std::vector<std::int64_t> axis_positions = mrope_positions(T);
+  const auto with = [&](const rope::PairAxes& pa, std::vector<std::int64_t>& positions) {
+    return [&pa, &positions](auto&, auto& o, auto&, auto&, auto& p, auto&) {
+      p = 0;
+      o.pair_axes = &pa;
+      o.axis_positions = positions.data();
+    };
+  };
+  // Pair axes that do not fit the 16 pairs, or name an axis that is not there.
+  rope::PairAxes short_axes = good;
+  short_axes.axis.pop_back();
+  expect_refused(r.message(with(short_axes, axis_positions)), "options.pair_axes->axis.size()",
+                 "rotary_dim/2 = 16, got 15");
+  rope::PairAxes bad_axis = good;
+  bad_axis.axis[3] = 3;
+  expect_refused(r.message(with(bad_axis, axis_positions)), "options.pair_axes->axis[3]", "< axes = 3, got 3");
+  rope::PairAxes no_axes = good;
+  no_axes.axes = 0;
+  expect_refused(r.message(with(no_axes, axis_positions)), "options.pair_axes->axes", "got 0");
+  // No positions for the axes.
+  expect_refused(r.message([&](auto&, auto& o, auto&, auto&, auto& p, auto&) {
+    p = 0;
+    o.pair_axes = &good;
+  }),
+                 "options.axis_positions", "non-null when options.pair_axes is set, got null");
+  // An axis' position outside the table (the padding token's too: Q is rotated).
+  std::vector<std::int64_t> outside = axis_positions;
+  outside[1 * T + 4] = std::int64_t{kTablePositions};
+  expect_refused(r.message(with(good, outside)), "options.axis_positions[1][4]", "[0, 64), got 64");
+  outside = axis_positions;
+  outside[2 * T + 5] = -1;
+  expect_refused(r.message(with(good, outside)), "options.axis_positions[2][5]", "got -1");
+  // Positions of their own besides the pair axes.
+  expect_refused(r.message([&](auto& b, auto& o, auto& s, auto& i, auto& p, auto& st) {
+    with(good, axis_positions)(b, o, s, i, p, st);
+    p = std::int64_t{3};
+  }),
+                 "positions", "0 when options.pair_axes is set (options.axis_positions holds the positions), got 3");
+  expect_refused(r.message([&](auto& b, auto& o, auto& s, auto& ids, auto& p, auto& st) {
+    with(good, axis_positions)(b, o, s, ids, p, st);
+    p = ids.data();
+  }),
+                 "positions", "got an array of ids");
+  // The same arguments with good axes and positions are accepted.
+  EXPECT_EQ(rope_test::thrown_message([&] {
+              State<float, float, I8> st = r.s.initial;
+              const auto b = r.s.bind(st);
+              ra::AppendOptions o = r.s.options();
+              o.pair_axes = &good;
+              o.axis_positions = axis_positions.data();
+              ra::norm_rope_append(b.q, b.k, b.v, 0, r.s.slots.data(), b.cache, b.q_out, o);
             }),
             "no exception");
 }

@@ -3,8 +3,10 @@
 //
 // For each new token t (its rows widened to float, in registers and L1 while
 // they are worked on):
-//   Q heads: RMSNorm (optional), RoPE at the token's position, rounded once
-//            into q_out (which may be q itself);
+//   Q heads: RMSNorm (optional), RoPE at the token's position (or, with
+//            multi-axis positions, each pair at its own axis' position, as
+//            rope::apply_mrope), rounded once into q_out (which may be q
+//            itself);
 //   K heads: RMSNorm (optional), RoPE, rounded once into the cache slot
 //            slots[t] (int8: quantized with its vector's scale), and, only
 //            when options.write_back_k, also into k itself;
@@ -38,6 +40,7 @@
 
 #include "../detail/parallel.hpp"
 #include "../kernels/kv_rows.hpp"
+#include "../multi_axis.hpp"
 #include "../tensor/checks.hpp"
 #include "../tensor/view_checks.hpp"
 #include "checks.hpp"
@@ -73,6 +76,16 @@ struct AppendOptions {
   bool write_back_k = false;      // also write the normalized, rotated K into k
   std::size_t threads = 1;        // over tokens
   Executor executor;
+  // Multi-axis positions (M-RoPE, as rope::apply_mrope): with pair_axes set
+  // (and a table), pair p of token t's Q and K is rotated by
+  // axis_positions[pair_axes->axis[p] * tokens + t] * theta_p, and the
+  // positions argument must be 0: one source of positions per call, never
+  // two to be ordered. axis_positions is [pair_axes->axes, tokens],
+  // axis-major, as apply_mrope takes it, so a caller's position ids go to
+  // either call unchanged. Both are read only during the call; without a
+  // table neither is read (nothing is rotated).
+  const PairAxes* pair_axes = nullptr;
+  const std::int64_t* axis_positions = nullptr;
 };
 
 namespace detail {
@@ -99,9 +112,10 @@ inline void rms_norm(float* x, std::size_t n, const float* w, float eps, bool pl
 }
 
 // `heads` rows of d floats (row h at x + h * d): normalized (per head or
-// over all of them), then rotated at position m.
-inline void norm_rotate(float* x, std::size_t heads, std::size_t d, const Norm& norm, const Rotation<float>& rotation,
-                        std::size_t rotary_dim, std::size_t m) noexcept {
+// over all of them), then rotated with one row of cos and sin (null: no
+// rotation).
+inline void norm_rotate(float* x, std::size_t heads, std::size_t d, const Norm& norm, Style style,
+                        std::size_t rotary_dim, const float* cos, const float* sin) noexcept {
   if (norm.weight != nullptr) {
     if (norm.whole) {
       rms_norm(x, heads * d, norm.weight, norm.eps, norm.plus_one);
@@ -109,8 +123,33 @@ inline void norm_rotate(float* x, std::size_t heads, std::size_t d, const Norm& 
       for (std::size_t h = 0; h < heads; ++h) rms_norm(x + h * d, d, norm.weight, norm.eps, norm.plus_one);
     }
   }
-  rotate_at(rotation, rotary_dim, m, x, x, static_cast<std::ptrdiff_t>(d), heads, d);
+  if (cos != nullptr) rotate_with(style, rotary_dim, cos, sin, x, static_cast<std::ptrdiff_t>(d), heads);
 }
+
+// Where a token's cos and sin come from: the table row of its one position,
+// or, with multi-axis positions, each pair's from the row of its own axis'
+// position, gathered into a row of rotary_dim floats as rope::apply_mrope
+// gathers it (rope::detail::MultiAxis), so both round alike. No table:
+// null, nothing is rotated.
+struct TokenAngles {
+  const Table<float>* table = nullptr;
+  Positions positions = 0;  // one per token (not multi)
+  bool multi = false;
+  rope::detail::MultiAxis<float> axes{};
+
+  // row: rotary_dim floats, written only with multi-axis positions.
+  void of(std::size_t t, float* row, const float*& cos, const float*& sin) const noexcept {
+    cos = sin = nullptr;
+    if (table == nullptr) return;
+    if (multi) {
+      axes.row(t, row, cos, sin);
+    } else {
+      const auto m = static_cast<std::size_t>(positions.at(t));
+      cos = table->cos(m);
+      sin = table->sin(m);
+    }
+  }
+};
 
 // What one token's write needs, checked.
 template <class In, class E>
@@ -125,10 +164,17 @@ struct TokenWriter {
   // Token t's K rows (normalized, rotated at m) and V rows into slot s (s
   // < 0: only the write-back), each value rounded once. scratch: heads * d floats.
   void write(std::size_t t, std::int64_t s, std::int64_t m, float* scratch) const noexcept {
+    const bool rotated = rotation.table != nullptr;
+    const auto row = static_cast<std::size_t>(m);
+    write(t, s, rotated ? rotation.table->cos(row) : nullptr, rotated ? rotation.table->sin(row) : nullptr, scratch);
+  }
+
+  // The same, K rotated with one row of cos and sin (null: not rotated).
+  void write(std::size_t t, std::int64_t s, const float* cos, const float* sin, float* scratch) const noexcept {
     if (s < 0 && k_back.data == nullptr) return;
     const std::size_t d = k.head_dim;
     for (std::size_t h = 0; h < k.heads; ++h) widen_row(k.row(t, h), d, scratch + h * d);
-    norm_rotate(scratch, k.heads, d, k_norm, rotation, rotary_dim, static_cast<std::size_t>(m));
+    norm_rotate(scratch, k.heads, d, k_norm, rotation.style, rotary_dim, cos, sin);
     if (k_back.data != nullptr) {
       for (std::size_t h = 0; h < k.heads; ++h) store_kv_row(scratch + h * d, d, k_back.row(t, h), nullptr);
     }
@@ -182,6 +228,45 @@ inline Norm norm_of(const char* fn, const char* name, const NormWeights& w, std:
   return n;
 }
 
+// Where norm_rope_append's tokens take their cos and sin from, checked:
+// with options.pair_axes, the pair axes against rotary_dim/2 and every
+// axis' positions against the table (positions must then be 0); else
+// positions against the table. Nothing is checked without a table.
+inline TokenAngles angles_of(const char* fn, const Positions& positions, std::size_t tokens, std::size_t rotary_dim,
+                             const AppendOptions& o) {
+  TokenAngles a;
+  const Table<float>* table = o.rotation.table;
+  if (table == nullptr) return a;
+  a.table = table;
+  if (o.pair_axes == nullptr) {
+    rope::detail::check_positions(fn, positions, tokens, table->positions());
+    a.positions = positions;
+    return a;
+  }
+  if (positions.by_id()) {
+    fail(fn, "positions", "0 when options.pair_axes is set (options.axis_positions holds the positions)",
+         "an array of ids");
+  }
+  if (positions.offset() != 0) {
+    fail(fn, "positions", "0 when options.pair_axes is set (options.axis_positions holds the positions)",
+         positions.offset());
+  }
+  const PairAxes& pa = *o.pair_axes;
+  rope::detail::check_pair_axes(fn, pa, rotary_dim / 2, "options.pair_axes->");
+  if (o.axis_positions == nullptr) {
+    fail(fn, "options.axis_positions", "non-null when options.pair_axes is set", nullptr);
+  }
+  for (std::size_t axis = 0; axis < pa.axes; ++axis) {
+    const std::string name = indexed("options.axis_positions", axis);
+    rope::detail::check_positions(fn, Positions(o.axis_positions + axis * tokens), tokens, table->positions(),
+                                  {name.c_str(), name.c_str()});
+  }
+  a.multi = true;
+  a.axes = rope::detail::MultiAxis<float>{table->cos(0), table->rotary_dim() / 2, o.axis_positions,
+                                          tokens,        pa.axis.data(),          rotary_dim / 2};
+  return a;
+}
+
 }  // namespace detail
 
 // Writes new tokens' K and V rows ([tokens, kv_heads, head_dim] views of
@@ -228,11 +313,14 @@ void write_slots(const View<InV>& k_view, const View<InV>& v_view, const std::in
 // into the cache's slots (slots[t] == -1: not written), K normalized and
 // rotated first, and written back into k too only with
 // options.write_back_k. Token t is at positions.at(t) (an offset or one id
-// per token). q, k, v: float, BFloat16 or Float16 (one type; e.g. the three
+// per token), or, with options.pair_axes, pair p of token t at
+// options.axis_positions[options.pair_axes->axis[p] * tokens + t]
+// (positions then 0). q, k, v: float, BFloat16 or Float16 (one type; e.g. the three
 // parts of a fused QKV buffer, rope::split_qkv); q_out: float, BFloat16 or
 // Float16. Refused before anything is written: slots outside the pool or
 // twice, norm weights of the wrong length, eps <= 0 or not finite,
-// positions outside the table, views that overlap each other or the cache
+// positions outside the table, pair axes that do not fit rotary_dim/2,
+// positions other than 0 with pair axes, views that overlap each other or the cache
 // (q_out may be q; k and v may already be their own slots' rows).
 template <class InV, class QO, class E>
 void norm_rope_append(const View<InV>& q_view, const View<InV>& k_view, const View<InV>& v_view, Positions positions,
@@ -277,9 +365,7 @@ void norm_rope_append(const View<InV>& q_view, const View<InV>& k_view, const Vi
   const detail::Norm k_norm = detail::norm_of(fn, "options.k_norm", options.k_norm,
                                               options.whole_projection ? k.heads * k.head_dim : k.head_dim, options);
   const std::size_t rotary_dim = detail::rotary_width(fn, "options.rotation", options.rotation, q.head_dim);
-  if (options.rotation.table != nullptr) {
-    rope::detail::check_positions(fn, positions, q.tokens, options.rotation.table->positions());
-  }
+  const detail::TokenAngles angles = detail::angles_of(fn, positions, q.tokens, rotary_dim, options);
   rope::detail::check_threads(fn, "options.threads", options.threads);
   rope::detail::check_executor(fn, "options.executor.workers", options.executor);
   View<In> k_back;
@@ -288,16 +374,20 @@ void norm_rope_append(const View<InV>& q_view, const View<InV>& k_view, const Vi
   }
   const detail::TokenWriter<In, E> writer{k, v, cache, options.rotation, rotary_dim, k_norm, k_back};
   const std::size_t workers = std::max<std::size_t>(1, rope::detail::thread_count(options.threads, options.executor));
-  const std::size_t per = std::max({q.heads * q.head_dim, k.heads * k.head_dim, v.head_dim});
+  // Per worker: a token's rows, then its gathered cos/sin (multi-axis).
+  const std::size_t rows = std::max({q.heads * q.head_dim, k.heads * k.head_dim, v.head_dim});
+  const std::size_t per = rows + (angles.multi ? rotary_dim : 0);
   std::vector<float> scratch(workers * per);
   rope::detail::parallel_for(q.tokens, workers, options.executor, [&](std::size_t t, std::size_t w) {
     float* x = scratch.data() + w * per;
-    const std::int64_t m = options.rotation.table != nullptr ? positions.at(t) : 0;
+    const float* cos;
+    const float* sin;
+    angles.of(t, x + rows, cos, sin);
     // Q first: q_out may be q, and K's write-back never touches q.
     for (std::size_t h = 0; h < q.heads; ++h) detail::widen_row(q.row(t, h), q.head_dim, x + h * q.head_dim);
-    detail::norm_rotate(x, q.heads, q.head_dim, q_norm, options.rotation, rotary_dim, static_cast<std::size_t>(m));
+    detail::norm_rotate(x, q.heads, q.head_dim, q_norm, options.rotation.style, rotary_dim, cos, sin);
     for (std::size_t h = 0; h < q.heads; ++h) store_kv_row(x + h * q.head_dim, q.head_dim, q_out.row(t, h), nullptr);
-    writer.write(t, slots[t], m, x);
+    writer.write(t, slots[t], cos, sin, x);
   });
 }
 

@@ -17,6 +17,18 @@
 
 namespace rope::attention::detail {
 
+// Rotates `heads` rows in place (row h at x + h * stride), the first
+// rotary_dim channels, with one row of cos and sin (rotary_dim/2 values
+// each): a table's row (rotate_at) or one gathered pair by pair from the
+// rows of several positions (multi-axis positions, append.hpp).
+template <class T>
+void rotate_with(Style style, std::size_t rotary_dim, const T* cos, const T* sin, T* x, std::ptrdiff_t stride,
+                 std::size_t heads) noexcept {
+  if (rotary_dim == 0) return;
+  with_style(style,
+             [&](auto s) { rotate_heads<decltype(s)::value, T>(x, stride, x, stride, heads, cos, sin, rotary_dim); });
+}
+
 // Rotates `heads` rows of d channels in place (row h at x + h * stride), all
 // at position m, the first rotary_dim channels; the rest stay. out != x:
 // rotates x into out and copies the channels past rotary_dim.
@@ -30,10 +42,7 @@ void rotate_at(const Rotation<T>& rotation, std::size_t rotary_dim, std::size_t 
     }
   }
   if (rotation.table == nullptr || rotary_dim == 0) return;
-  with_style(rotation.style, [&](auto s) {
-    rotate_heads<decltype(s)::value, T>(out, stride, out, stride, heads, rotation.table->cos(m), rotation.table->sin(m),
-                                        rotary_dim);
-  });
+  rotate_with(rotation.style, rotary_dim, rotation.table->cos(m), rotation.table->sin(m), out, stride, heads);
 }
 
 // Rotates every row (token) of x in place, row r at position positions[r]
