@@ -5,17 +5,19 @@
 //   - where the CPU has AVX2 with FMA, the instruction set chosen is AVX2 or
 //     AVX-512 (elsewhere the test says why it skips); on aarch64, NEON;
 //   - for every instruction set this CPU runs, forced, the tensor calls
-//     (apply in place and out of place, apply_qk with grouped-query heads,
-//     apply_mrope) give, bit for bit, the result with every rounding
-//     spelled out (rounding_oracle.hpp): fused multiply-adds for AVX2,
-//     AVX-512 and NEON, separate roundings for SSE2. This is the result of
-//     the compile-time build of that instruction set: test_apply checks the
-//     compile-time AVX2 and AVX-512 builds against the same oracle, bit for
-//     bit, and the SSE2 build is this file's own header-only path, compared
-//     directly below. Float, double, BFloat16 and Float16; both pairings and
-//     directions; full and partial rotary dims chosen so that rows end on a
-//     whole step, on an overlapping last step and shorter than a step for
-//     every instruction set; one and two threads; cached and streaming stores;
+//     (apply and apply_qk with grouped-query heads, each in place and out of
+//     place; apply_mrope with chunked and interleaved sections and with a
+//     PairAxes of four axes; apply_axial) give, bit for bit, the result with
+//     every rounding spelled out (rounding_oracle.hpp): fused multiply-adds
+//     for AVX2, AVX-512 and NEON, separate roundings for SSE2. This is the
+//     result of the compile-time build of that instruction set: test_apply
+//     checks the compile-time AVX2 and AVX-512 builds against the same
+//     oracle, bit for bit, and the SSE2 build is this file's own header-only
+//     path, compared directly below. Float, double, BFloat16 and Float16;
+//     both pairings and directions; full and partial rotary dims chosen so
+//     that rows end on a whole step, on an overlapping last step and shorter
+//     than a step for every instruction set; one and two threads; cached and
+//     streaming stores;
 //   - install, uninstall, force and reset do what they say, and force refuses
 //     a name it does not know, naming the choices;
 //   - batched attention's keys (kernels/kv_rows.hpp, attend_keys) go through
