@@ -20,6 +20,9 @@
 //     streaming stores;
 //   - install, uninstall, force and reset do what they say, and force refuses
 //     a name it does not know, naming the choices;
+//   - the operating system's part of "this CPU runs it" (src/dispatch/
+//     xcr0.hpp), on XCR0 values of machines this one is not: AVX-512 needs
+//     the YMM and every ZMM state saved, AVX2 the YMM state, SSE2 nothing;
 //   - batched attention's keys (kernels/kv_rows.hpp, attend_keys) go through
 //     the table too: for every instruction set this CPU runs, forced, over
 //     caches of float, bfloat16, float16 and int8, within float rounding of
@@ -42,6 +45,7 @@
 #include <rope/tensor/dispatch_table.hpp>
 
 #include "rounding_oracle.hpp"
+#include "xcr0.hpp"
 
 namespace {
 
@@ -138,6 +142,42 @@ TEST_F(Dispatch, ForceRefusesUnknownNamesNamingTheChoices) {
     for (const auto& name : rope::dispatch::compiled()) EXPECT_NE(what.find(name), std::string::npos) << what;
   }
   EXPECT_EQ(rope::dispatch::arch(), before) << "a refused force changes nothing";
+}
+
+// Whether the operating system saves an instruction set's registers, from
+// XCR0 values a machine may report: AVX-512 needs the XMM, YMM and all three
+// AVX-512 states; AVX2 the XMM and YMM states; SSE2 nothing (0 is what
+// dispatch.cpp passes without OSXSAVE).
+TEST(DispatchXcr0, AnInstructionSetNeedsTheOsToSaveItsRegisters) {
+  using rope::dispatch::xcr0::enables;
+  using Avx512 = xsimd::avx512bw;
+  using Avx2 = xsimd::fma3<xsimd::avx2>;
+  using Sse2 = xsimd::sse2;
+  constexpr std::uint64_t kX87 = 0x1, kXmm = 0x2, kYmm = 0x4, kOpmask = 0x20, kZmmHigh = 0x40, kZmm16 = 0x80;
+  constexpr std::uint64_t kFull = kX87 | kXmm | kYmm | kOpmask | kZmmHigh | kZmm16;  // 0xe7
+  EXPECT_TRUE(enables<Avx512>(kFull));
+  EXPECT_TRUE(enables<Avx2>(kFull));
+  EXPECT_TRUE(enables<Sse2>(kFull));
+  EXPECT_TRUE(enables<Avx512>(kFull | 0x60200)) << "states past AVX-512's (AMX tiles, PKRU) change nothing";
+  // YMM but no ZMM state: an AVX2 machine, or AVX-512 the OS leaves off.
+  EXPECT_FALSE(enables<Avx512>(kX87 | kXmm | kYmm));
+  EXPECT_TRUE(enables<Avx2>(kX87 | kXmm | kYmm));
+  EXPECT_TRUE(enables<Sse2>(kX87 | kXmm | kYmm));
+  for (std::uint64_t missing : {kOpmask, kZmmHigh, kZmm16}) {
+    EXPECT_FALSE(enables<Avx512>(kFull & ~missing)) << "without state bit " << missing;
+    EXPECT_TRUE(enables<Avx2>(kFull & ~missing)) << "without state bit " << missing;
+  }
+  // No YMM state: only SSE2, whatever else is set.
+  for (std::uint64_t xcr0 : {kX87 | kXmm, kFull & ~kYmm, std::uint64_t{0}}) {
+    EXPECT_FALSE(enables<Avx512>(xcr0)) << xcr0;
+    EXPECT_FALSE(enables<Avx2>(xcr0)) << xcr0;
+    EXPECT_TRUE(enables<Sse2>(xcr0)) << xcr0;
+  }
+  // YMM without XMM: AVX needs both.
+  EXPECT_FALSE(enables<Avx2>(kX87 | kYmm));
+  EXPECT_FALSE(enables<Avx512>(kFull & ~kXmm));
+  // No XCR0 at all on aarch64.
+  EXPECT_TRUE(enables<xsimd::neon64>(0));
 }
 
 template <class T>

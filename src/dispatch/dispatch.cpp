@@ -6,7 +6,6 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include <rope/detail/error.hpp>
@@ -14,6 +13,7 @@
 #include <rope/tensor/dispatch_table.hpp>
 
 #include "isa.hpp"
+#include "xcr0.hpp"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -24,9 +24,7 @@ namespace {
 
 #if defined(__x86_64__)
 // XCR0: which register states the operating system saves on a context
-// switch. A CPU may report AVX or AVX-512 that the OS leaves disabled, and
-// xsimd 8.1 does not look (13 and later do; the check is cheap, so it runs
-// for every version).
+// switch (xcr0.hpp says what each instruction set needs); 0 without OSXSAVE.
 std::uint64_t os_saved_state() noexcept {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (__get_cpuid(1, &a, &b, &c, &d) == 0 || (c & (1u << 27)) == 0) return 0;  // no OSXSAVE
@@ -37,12 +35,7 @@ std::uint64_t os_saved_state() noexcept {
 
 template <class Arch>
 bool os_enables() noexcept {
-  constexpr std::uint64_t kSse = 0x2, kAvx = 0x4, kAvx512 = 0xe0;  // XMM, YMM, opmask + ZMM
-  if (std::is_base_of<xsimd::avx512f, Arch>::value) {
-    return (os_saved_state() & (kSse | kAvx | kAvx512)) == (kSse | kAvx | kAvx512);
-  }
-  if (std::is_base_of<xsimd::avx, Arch>::value) return (os_saved_state() & (kSse | kAvx)) == (kSse | kAvx);
-  return true;
+  return xcr0::enables<Arch>(os_saved_state());
 }
 #else
 template <class Arch>
