@@ -20,6 +20,12 @@
 //     streaming stores;
 //   - install, uninstall, force and reset do what they say, and force refuses
 //     a name it does not know, naming the choices;
+//   - ROPE_DISPATCH_MAX_ISA (the ctest cases dispatch.max_isa and
+//     dispatch.max_isa_unknown; the tests skip without it): the sets above
+//     the cap leave available(), and force refuses each as built in but not
+//     run by this CPU, changing nothing, installed or not; a value that is
+//     none of compiled() fails every call that checks the CPU, naming the
+//     variable, the value and the choices, and installs nothing;
 //   - the operating system's part of "this CPU runs it" (src/dispatch/
 //     xcr0.hpp), on XCR0 values of machines this one is not: AVX-512 needs
 //     the YMM and every ZMM state saved, AVX2 the YMM state, SSE2 nothing;
@@ -33,6 +39,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <iostream>
 #include <random>
 #include <stdexcept>
@@ -41,6 +48,7 @@
 #include <vector>
 
 #include <rope/dispatch.hpp>
+#include <rope/error.hpp>
 #include <rope/kernels/kv_rows.hpp>
 #include <rope/tensor/dispatch_table.hpp>
 
@@ -59,6 +67,15 @@ bool is_x86_64() {
 
 bool contains(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+// ROPE_DISPATCH_MAX_ISA (null: unset or empty), which rope::dispatch reads
+// once per process: the ctest cases dispatch.max_isa (sse2) and
+// dispatch.max_isa_unknown set it and select the DispatchMaxIsa test of
+// their value; run without it, both tests skip.
+const char* max_isa() {
+  const char* value = std::getenv("ROPE_DISPATCH_MAX_ISA");
+  return value != nullptr && *value != '\0' ? value : nullptr;
 }
 
 // Whether the instruction set computes a*b+c with one rounding.
@@ -88,7 +105,10 @@ TEST_F(Dispatch, ChoosesAvx2OrBetterWhereTheCpuHasIt) {
   EXPECT_EQ(chosen, available.front()) << "the best instruction set this CPU runs comes first";
   if (is_x86_64()) {
     if (!contains(available, "fma3+avx2")) {
-      GTEST_SKIP() << "this CPU (or its operating system) has no AVX2 with FMA; chosen: " << chosen;
+      GTEST_SKIP() << "this CPU (or its operating system) has no AVX2 with FMA"
+                   << (max_isa() != nullptr ? std::string(", or ROPE_DISPATCH_MAX_ISA=") + max_isa() + " keeps it off"
+                                            : std::string())
+                   << "; chosen: " << chosen;
     }
     EXPECT_TRUE(chosen == "fma3+avx2" || chosen == "avx512bw") << chosen;
     std::cout << "[ chosen   ] " << chosen << "\n";
@@ -142,6 +162,77 @@ TEST_F(Dispatch, ForceRefusesUnknownNamesNamingTheChoices) {
     for (const auto& name : rope::dispatch::compiled()) EXPECT_NE(what.find(name), std::string::npos) << what;
   }
   EXPECT_EQ(rope::dispatch::arch(), before) << "a refused force changes nothing";
+}
+
+TEST(DispatchMaxIsa, SetsAboveTheCapCountAsNotRunByTheCpu) {
+  const char* cap = max_isa();
+  if (cap == nullptr) GTEST_SKIP() << "ROPE_DISPATCH_MAX_ISA is unset (the ctest case dispatch.max_isa sets it)";
+  const auto compiled = rope::dispatch::compiled();
+  const auto at = std::find(compiled.begin(), compiled.end(), cap);
+  if (at == compiled.end()) GTEST_SKIP() << "ROPE_DISPATCH_MAX_ISA=" << cap << " is built in as none of the choices";
+  const std::vector<std::string> above(compiled.begin(), at);
+  const auto available = rope::dispatch::available();
+  ASSERT_FALSE(available.empty());
+  for (const auto& name : above) EXPECT_FALSE(contains(available, name)) << name << " is above the cap " << cap;
+  if (is_x86_64() && std::string(cap) == "sse2") {
+    EXPECT_EQ(above, (std::vector<std::string>{"avx512bw", "fma3+avx2"}));
+    EXPECT_EQ(available, (std::vector<std::string>{"sse2"}));
+  }
+  EXPECT_EQ(std::string(rope::dispatch::install()), available.front());
+  // A set above the cap is refused as one the CPU does not run, installed
+  // or not, and the refusal changes nothing.
+  for (bool installed : {true, false}) {
+    if (!installed) rope::dispatch::uninstall();
+    for (const auto& name : above) {
+      const std::string before = rope::dispatch::arch();
+      try {
+        rope::dispatch::force(name);
+        ADD_FAILURE() << "force(\"" << name << "\") did not throw under ROPE_DISPATCH_MAX_ISA=" << cap;
+      } catch (const std::invalid_argument& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("got " + name +
+                            " (built in, but this CPU does not run it: above ROPE_DISPATCH_MAX_ISA=" + cap + ")"),
+                  std::string::npos)
+            << what;
+      }
+      EXPECT_EQ(rope::dispatch::arch(), before) << "a refused force changes nothing";
+      EXPECT_EQ(rope::dispatch::installed(), installed) << "a refused force changes nothing";
+      if (installed) {
+        EXPECT_EQ(rope::detail::installed_table.load()->arch, before) << "the loop the tensor calls run";
+      }
+    }
+  }
+  rope::dispatch::reset();
+}
+
+TEST(DispatchMaxIsa, AnUnknownValueFailsEveryCallThatChoosesNamingTheChoices) {
+  const char* cap = max_isa();
+  if (cap == nullptr)
+    GTEST_SKIP() << "ROPE_DISPATCH_MAX_ISA is unset (the ctest case dispatch.max_isa_unknown sets it)";
+  const auto compiled = rope::dispatch::compiled();
+  if (contains(compiled, cap)) GTEST_SKIP() << "ROPE_DISPATCH_MAX_ISA=" << cap << " is one of the choices";
+  const auto refused = [&](const char* call, void (*run)()) {
+    try {
+      run();
+      ADD_FAILURE() << call << " did not throw under ROPE_DISPATCH_MAX_ISA=" << cap;
+    } catch (const rope::invalid_argument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("rope::dispatch: the environment variable ROPE_DISPATCH_MAX_ISA must be unset, empty or one "
+                          "of the instruction sets built in ("),
+                std::string::npos)
+          << call << ": " << what;
+      EXPECT_NE(what.find(std::string("got ") + cap), std::string::npos) << call << ": " << what;
+      for (const auto& name : compiled) EXPECT_NE(what.find(name), std::string::npos) << call << ": " << what;
+    }
+  };
+  // The first call fails, and so does every later one: nothing is chosen.
+  refused("install()", [] { rope::dispatch::install(); });
+  refused("install() again", [] { rope::dispatch::install(); });
+  refused("arch()", [] { rope::dispatch::arch(); });
+  refused("available()", [] { rope::dispatch::available(); });
+  refused("force(the baseline)", [] { rope::dispatch::force(rope::dispatch::compiled().back()); });
+  refused("reset()", [] { rope::dispatch::reset(); });
+  EXPECT_FALSE(rope::dispatch::installed()) << "every call into the tensor API keeps its compiled-in loop";
 }
 
 // Whether the operating system saves an instruction set's registers, from
