@@ -29,6 +29,9 @@
 //   - the operating system's part of "this CPU runs it" (src/dispatch/
 //     xcr0.hpp), on XCR0 values of machines this one is not: AVX-512 needs
 //     the YMM and every ZMM state saved, AVX2 the YMM state, SSE2 nothing;
+//   - forcing while calls run (DispatchThreads, also under ThreadSanitizer):
+//     every call of rope::apply on threads of rope's own gives the bytes of
+//     one instruction set forced alone, never a mix of two;
 //   - batched attention's keys (kernels/kv_rows.hpp, attend_keys) go through
 //     the table too: for every instruction set this CPU runs, forced, over
 //     caches of float, bfloat16, float16 and int8, within float rounding of
@@ -37,6 +40,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -44,7 +48,9 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <rope/dispatch.hpp>
@@ -310,6 +316,87 @@ TYPED_TEST(DispatchTypes, BaselineForcedEqualsThisProgramsHeaderOnlyPath) {
   ASSERT_EQ(header_only.size(), dispatched.size());
   for (std::size_t i = 0; i < header_only.size(); ++i) {
     ASSERT_TRUE(rope_test::same_bytes(header_only[i], dispatched[i])) << "call " << i;
+  }
+}
+
+// Forcing while calls run. A call reads the table once, after its checks,
+// and runs every chunk of its tokens with that loop, so each result is the
+// bytes of one instruction set. SSE2 rounds differently from the fused
+// sets: a call whose chunks ran different loops would match none of them.
+// Four chunks per call, on threads of rope's own that start one after the
+// other, two callers, and a third thread cycling force() over available()
+// until both are done. ThreadSanitizer runs this test (the tsan stage).
+class DispatchThreads : public Dispatch {};
+
+TEST_F(DispatchThreads, ForceWhileCallsRun) {
+  const std::vector<std::string> names = rope::dispatch::available();
+  if (names.size() < 2) GTEST_SKIP() << "one instruction set to choose from: " << names.front();
+  constexpr std::size_t kTokens = 256, kHeads = 8, kHeadDim = 128, kCalls = 16, kCallers = 2;
+  const rope::Table<float> table(rope::frequencies(kHeadDim, 10000.0), kTokens);
+  const auto x = rope_test::random_tensor<float>(kTokens * kHeads * kHeadDim, 3);
+  const rope::Options options{0, rope::Direction::forward, 4, rope::Stores::cached, {}};
+  const auto rotate = [&](std::vector<float>& out) {
+    rope::apply<float, float>(rope::View<const float>::token_major(x.data(), kTokens, kHeads, kHeadDim),
+                              rope::View<float>::token_major(out.data(), kTokens, kHeads, kHeadDim), table,
+                              rope::Style::rotate_half, 0, options);
+  };
+  // The bytes of each instruction set, forced alone; those that give the
+  // same bytes (the fused ones) make one kind.
+  std::vector<std::vector<float>> kinds;
+  std::vector<std::string> kind_names;
+  for (const auto& name : names) {
+    rope::dispatch::force(name);
+    std::vector<float> out(x.size(), 0.0f);
+    rotate(out);
+    std::size_t k = 0;
+    while (k < kinds.size() && !rope_test::same_bytes(out, kinds[k])) ++k;
+    if (k == kinds.size()) {
+      kinds.push_back(std::move(out));
+      kind_names.emplace_back();
+    }
+    kind_names[k] += (kind_names[k].empty() ? "" : "/") + name;
+  }
+  ASSERT_GE(kinds.size(), 2u) << "every instruction set gives the same bytes here: a mixed call would go unseen";
+
+  std::atomic<bool> done{false};
+  std::atomic<std::size_t> cycles{0};
+  std::thread forcer([&] {
+    while (!done.load()) {
+      for (const auto& name : names) rope::dispatch::force(name);
+      cycles.fetch_add(1);
+    }
+  });
+  while (cycles.load() == 0) std::this_thread::yield();
+  // seen[c][k]: calls of caller c that gave the bytes of kinds[k]; the last
+  // column, those that gave none of them.
+  std::vector<std::vector<std::size_t>> seen(kCallers, std::vector<std::size_t>(kinds.size() + 1, 0));
+  std::vector<std::thread> callers;
+  for (std::size_t c = 0; c < kCallers; ++c) {
+    callers.emplace_back([&, c] {
+      std::vector<float> out(x.size(), 0.0f);
+      for (std::size_t call = 0; call < kCalls; ++call) {
+        rotate(out);
+        std::size_t k = 0;
+        while (k < kinds.size() && !rope_test::same_bytes(out, kinds[k])) ++k;
+        ++seen[c][k];
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  const std::size_t forced_during = cycles.load();
+  done.store(true);
+  forcer.join();
+  std::string counts;
+  for (std::size_t k = 0; k <= kinds.size(); ++k) {
+    std::size_t n = 0;
+    for (const auto& per_caller : seen) n += per_caller[k];
+    counts += (counts.empty() ? "" : ", ") + (k < kinds.size() ? kind_names[k] : std::string("none")) + " " +
+              std::to_string(n);
+  }
+  std::cout << "[ results  ] " << counts << "; " << forced_during << " cycles of force\n";
+  for (std::size_t c = 0; c < kCallers; ++c) {
+    EXPECT_EQ(seen[c][kinds.size()], 0u) << "caller " << c << ": calls whose bytes are no instruction set's (all "
+                                         << "callers: " << counts << ")";
   }
 }
 
