@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -82,11 +83,7 @@ std::vector<T> expected_tensor(const std::vector<T>& in, std::size_t tokens, std
   return out;
 }
 
-// The tensor calls of one element type through instruction set Arch (the
-// default: the caller's own, or rope::dispatch's when installed), each
-// against the oracle with the given rounding; with outputs, every result is
-// also kept so that callers can compare runs.
-// One call of the tensor API: shapes, rotary part, what it is.
+// One call of the tensor API: shapes and rotary part.
 struct Shape {
   std::size_t tokens, q_heads, k_heads, head_dim, rotary_dim;
 };
@@ -118,9 +115,12 @@ std::size_t first_difference(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size();
 }
 
-// Every tensor call of one element type, against the oracle with the
-// rounding of `arch`; the output of each call is returned in `outputs` so
-// that callers can compare runs.
+// The tensor calls of one element type through instruction set Arch (the
+// default: the caller's own, or rope::dispatch's when installed), each
+// against the oracle with the rounding of `arch`: apply and apply_qk, in
+// place and out of place; apply_mrope with chunked and interleaved sections
+// and with a PairAxes listed pair by pair; apply_axial. The output of each
+// call is returned in `outputs` so that callers can compare runs.
 template <class T, class Arch = xsimd::default_arch>
 void check_calls(const std::string& arch, bool fused, std::vector<std::vector<T>>* outputs) {
   using C = compute_of<T>;
@@ -173,35 +173,84 @@ void check_calls(const std::string& arch, bool fused, std::vector<std::vector<T>
                                        table, style, positions.data(), options);
             expect(x, shape.q_heads, q, "apply_qk q");
             expect(k0, shape.k_heads, k, "apply_qk k");
+            // apply_qk out of place.
+            std::vector<T> q_out(x.size(), T(0.0f)), k_out(k0.size(), T(0.0f));
+            rope::apply_qk<T, C, Arch>(
+                View<const T>::token_major(x.data(), shape.tokens, shape.q_heads, shape.head_dim),
+                View<const T>::token_major(k0.data(), shape.tokens, shape.k_heads, shape.head_dim),
+                View<T>::token_major(q_out.data(), shape.tokens, shape.q_heads, shape.head_dim),
+                View<T>::token_major(k_out.data(), shape.tokens, shape.k_heads, shape.head_dim), table, style,
+                positions.data(), options);
+            expect(x, shape.q_heads, q_out, "apply_qk out of place q");
+            expect(k0, shape.k_heads, k_out, "apply_qk out of place k");
           }
         }
-        // M-RoPE: pairs split between three position axes.
+        // The multi-axis calls: pair p follows axis_of_pair[p] of positions
+        // [axes, tokens], with the layout written out here rather than taken
+        // from rope's builders. One row function serves them all, so the
+        // oracle is instantiated once per pairing.
         const std::size_t pairs = shape.rotary_dim / 2;
-        const rope::MropeSections sections{{pairs - pairs / 2, pairs / 4, pairs / 2 - pairs / 4},
-                                           rope::SectionOrder::chunked};
-        std::vector<std::int64_t> axes(3 * shape.tokens);
+        std::vector<std::int64_t> axes(4 * shape.tokens);
         for (std::size_t i = 0; i < axes.size(); ++i) axes[i] = static_cast<std::int64_t>((5 * i + 1) % 64);
-        const auto axis_of = [&](std::size_t p) {
-          return p < sections.pairs[0] ? 0 : p < sections.pairs[0] + sections.pairs[1] ? 1 : 2;
-        };
+        std::vector<std::uint8_t> axis_of_pair(pairs);
         const auto multi = [&](std::size_t t, std::size_t p, C& c, C& s) {
-          const auto m = static_cast<std::size_t>(axes[static_cast<std::size_t>(axis_of(p)) * shape.tokens + t]);
+          const auto m = static_cast<std::size_t>(axes[axis_of_pair[p] * shape.tokens + t]);
           c = table.cos(m)[p];
           s = table.sin(m)[p];
         };
+        const auto expect_axes = [&](const std::vector<T>& in, const std::vector<T>& got, const std::string& what) {
+          const auto want =
+              style == Style::rotate_half
+                  ? expected_tensor<Style::rotate_half>(in, shape.tokens, shape.q_heads, shape.head_dim,
+                                                        shape.rotary_dim, dir, fused, multi)
+                  : expected_tensor<Style::block_diagonal>(in, shape.tokens, shape.q_heads, shape.head_dim,
+                                                           shape.rotary_dim, dir, fused, multi);
+          ASSERT_TRUE(same_bytes(got, want))
+              << arch << " " << what << " " << rope::name(style) << " " << rope::name(dir) << " rotary "
+              << shape.rotary_dim << ": first difference at element " << first_difference(got, want);
+          if (outputs != nullptr) outputs->push_back(got);
+        };
         const auto x = random_tensor<T>(shape.tokens * shape.q_heads * shape.head_dim, seed++);
+        const auto view = [&](std::vector<T>& y) {
+          return View<T>::token_major(y.data(), shape.tokens, shape.q_heads, shape.head_dim);
+        };
+        const auto on_threads = [&](std::size_t threads) {
+          return rope::Options{0, dir, threads, rope::Stores::automatic, {}};
+        };
+        // M-RoPE, chunked sections (t, h, w): pairs [0, s0) follow t, the
+        // next s1 h, the rest w.
+        const std::array<std::size_t, 3> chunked{pairs - pairs / 2, pairs / 4, pairs / 2 - pairs / 4};
+        for (std::size_t p = 0; p < pairs; ++p) {
+          axis_of_pair[p] = p < chunked[0] ? 0 : p < chunked[0] + chunked[1] ? 1 : 2;
+        }
         auto y = x;
-        rope::apply_mrope<T, C, Arch>(View<T>::token_major(y.data(), shape.tokens, shape.q_heads, shape.head_dim),
-                                      table, style, axes.data(), sections,
-                                      rope::Options{0, dir, 1, rope::Stores::automatic, {}});
-        const auto want = style == Style::rotate_half
-                              ? expected_tensor<Style::rotate_half>(x, shape.tokens, shape.q_heads, shape.head_dim,
-                                                                    shape.rotary_dim, dir, fused, multi)
-                              : expected_tensor<Style::block_diagonal>(x, shape.tokens, shape.q_heads, shape.head_dim,
-                                                                       shape.rotary_dim, dir, fused, multi);
-        ASSERT_TRUE(same_bytes(y, want)) << arch << " apply_mrope " << rope::name(style) << " rotary "
-                                         << shape.rotary_dim << ": first difference at " << first_difference(y, want);
-        if (outputs != nullptr) outputs->push_back(y);
+        rope::apply_mrope<T, C, Arch>(view(y), table, style, axes.data(),
+                                      rope::MropeSections{chunked, rope::SectionOrder::chunked}, on_threads(1));
+        expect_axes(x, y, "apply_mrope chunked");
+        // Interleaved sections: pair p follows h if p % 3 == 1 and p / 3 <
+        // s1, w if p % 3 == 2 and p / 3 < s2, t otherwise.
+        const std::array<std::size_t, 3> interleaved{pairs - pairs / 3 - pairs / 4, pairs / 3, pairs / 4};
+        for (std::size_t p = 0; p < pairs; ++p) {
+          axis_of_pair[p] = p % 3 == 1 && p / 3 < interleaved[1] ? 1 : p % 3 == 2 && p / 3 < interleaved[2] ? 2 : 0;
+        }
+        y = x;
+        rope::apply_mrope<T, C, Arch>(view(y), table, style, axes.data(),
+                                      rope::MropeSections{interleaved, rope::SectionOrder::interleaved}, on_threads(2));
+        expect_axes(x, y, "apply_mrope interleaved");
+        // A PairAxes of four axes in no pattern.
+        for (std::size_t p = 0; p < pairs; ++p) axis_of_pair[p] = static_cast<std::uint8_t>((7 * p + 3) % 11 % 4);
+        y = x;
+        rope::apply_mrope<T, C, Arch>(view(y), table, style, axes.data(), rope::PairAxes{axis_of_pair, 4},
+                                      on_threads(1));
+        expect_axes(x, y, "apply_mrope PairAxes");
+        // 2-D axial: the first rotary_dim/4 pairs follow the row, the rest
+        // the column (rotary dims of whole pairs of pairs only).
+        if (shape.rotary_dim % 4 == 0) {
+          for (std::size_t p = 0; p < pairs; ++p) axis_of_pair[p] = p < shape.rotary_dim / 4 ? 0 : 1;
+          y = x;
+          rope::apply_axial<T, C, Arch>(view(y), table, style, axes.data(), on_threads(2));
+          expect_axes(x, y, "apply_axial");
+        }
       }
     }
   }

@@ -23,6 +23,13 @@
 // "avx512bw", "arm64+neon". All functions are thread-safe; a call of
 // rope::apply that is running when the choice changes finishes with the loop
 // it started with.
+//
+// The environment variable ROPE_DISPATCH_MAX_ISA, one of compiled()'s names,
+// caps the choice: the instruction sets above it count as not run by this
+// CPU (to compare speeds, or to keep off one a CPU runs badly). It is read
+// once, by the first call that checks the CPU (install, arch, available,
+// force, reset); any other non-empty value makes those calls throw
+// rope::invalid_argument naming the variable, the value and the choices.
 #pragma once
 
 #include <string>
@@ -49,12 +56,14 @@ const char* arch();
 std::vector<std::string> compiled();
 
 // Those of compiled() this CPU runs (the operating system included: it must
-// save the wider registers), best first.
+// save the wider registers) and ROPE_DISPATCH_MAX_ISA allows, best first.
 std::vector<std::string> available();
 
 // Pins the instruction set, e.g. for tests or to compare speeds, and
 // installs it. name must be one of available(); anything else throws
-// rope::invalid_argument naming the choices.
+// rope::invalid_argument naming the choices (a name built in that the CPU
+// does not run, or that is above ROPE_DISPATCH_MAX_ISA, says so) and
+// changes nothing.
 void force(const std::string& name);
 
 // Forgets force(): back to the best available instruction set, installed.

@@ -4,9 +4,11 @@
 #include <rope/dispatch.hpp>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <iterator>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include <rope/detail/error.hpp>
@@ -14,6 +16,7 @@
 #include <rope/tensor/dispatch_table.hpp>
 
 #include "isa.hpp"
+#include "xcr0.hpp"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -24,9 +27,7 @@ namespace {
 
 #if defined(__x86_64__)
 // XCR0: which register states the operating system saves on a context
-// switch. A CPU may report AVX or AVX-512 that the OS leaves disabled, and
-// xsimd 8.1 does not look (13 and later do; the check is cheap, so it runs
-// for every version).
+// switch (xcr0.hpp says what each instruction set needs); 0 without OSXSAVE.
 std::uint64_t os_saved_state() noexcept {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (__get_cpuid(1, &a, &b, &c, &d) == 0 || (c & (1u << 27)) == 0) return 0;  // no OSXSAVE
@@ -37,12 +38,7 @@ std::uint64_t os_saved_state() noexcept {
 
 template <class Arch>
 bool os_enables() noexcept {
-  constexpr std::uint64_t kSse = 0x2, kAvx = 0x4, kAvx512 = 0xe0;  // XMM, YMM, opmask + ZMM
-  if (std::is_base_of<xsimd::avx512f, Arch>::value) {
-    return (os_saved_state() & (kSse | kAvx | kAvx512)) == (kSse | kAvx | kAvx512);
-  }
-  if (std::is_base_of<xsimd::avx, Arch>::value) return (os_saved_state() & (kSse | kAvx)) == (kSse | kAvx);
-  return true;
+  return xcr0::enables<Arch>(os_saved_state());
 }
 #else
 template <class Arch>
@@ -83,11 +79,38 @@ std::string joined(const std::vector<std::string>& names) {
   return s;
 }
 
+// ROPE_DISPATCH_MAX_ISA caps the choice: the instruction sets above the one
+// it names (best first, as compiled() lists them) count as not run by this
+// CPU, to compare speeds or to keep off one that a CPU runs badly. Unset or
+// empty: no cap. Read once, by the first call that checks the CPU; a value
+// that is none of compiled() fails that call and every later one.
+constexpr const char* kMaxIsa = "ROPE_DISPATCH_MAX_ISA";
+
+// The index in kTargets of the best instruction set the cap allows.
+std::size_t first_allowed() {
+  static const std::size_t first = [] {
+    const char* value = std::getenv(kMaxIsa);
+    if (value == nullptr || *value == '\0') return std::size_t{0};
+    for (std::size_t i = 0; i < std::size(kTargets); ++i) {
+      if (std::string(value) == kTargets[i].loops->arch) return i;
+    }
+    detail::fail("rope::dispatch", std::string("the environment variable ") + kMaxIsa,
+                 "unset, empty or one of the instruction sets built in (" + joined(compiled()) + ")",
+                 std::string(value));
+  }();
+  return first;
+}
+
+bool capped(const Target& t) { return static_cast<std::size_t>(&t - kTargets) < first_allowed(); }
+
+// Whether t may be chosen: the cap allows it and the CPU runs it.
+bool runs(const Target& t) { return !capped(t) && t.runs(); }
+
 // The best table the CPU runs, looked for once.
 const Target& best() {
   static const Target* const chosen = [] {
     for (const Target& t : kTargets) {
-      if (t.runs()) return &t;
+      if (runs(t)) return &t;
     }
     return static_cast<const Target*>(nullptr);
   }();
@@ -140,7 +163,7 @@ std::vector<std::string> compiled() {
 std::vector<std::string> available() {
   std::vector<std::string> names;
   for (const Target& t : kTargets) {
-    if (t.runs()) names.emplace_back(t.loops->arch);
+    if (runs(t)) names.emplace_back(t.loops->arch);
   }
   return names;
 }
@@ -148,9 +171,11 @@ std::vector<std::string> available() {
 void force(const std::string& name) {
   for (const Target& t : kTargets) {
     if (name != t.loops->arch) continue;
-    if (!t.runs()) {
+    if (!runs(t)) {
+      const std::string cap =
+          capped(t) ? std::string(": above ") + kMaxIsa + "=" + kTargets[first_allowed()].loops->arch : "";
       detail::fail("rope::dispatch::force", "name", "an instruction set this CPU runs (" + joined(available()) + ")",
-                   name + " (built in, but this CPU does not run it)");
+                   name + " (built in, but this CPU does not run it" + cap + ")");
     }
     select(t);
     return;
