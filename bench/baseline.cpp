@@ -6,6 +6,13 @@
 // same run, the -march=native build: the report prints dispatch / native and
 // baseline / native.
 //
+// attention/batch_decode_baseline/<kv>/paged/T1 and .../batch_decode_dispatch/...:
+// attention/batch_decode/<kv>/paged/T1 (bench_batch.cpp) built the same way,
+// through the header-only path and with rope::dispatch installed, which runs
+// the cache reads (attend_keys) from its table; the rest of the call (the
+// merges and the output rows, a small part of it) keeps baseline code either
+// way. The report prints dispatch / native.
+//
 // ROPE_BENCH_DISPATCH=<name> pins the instruction set dispatch uses (e.g.
 // fma3+avx2 on an AVX-512 machine, to measure the AVX2 class of CPU);
 // by default it picks the best one, as a user's program would.
@@ -16,6 +23,7 @@
 #include <rope/dispatch.hpp>
 
 #include "apply_cases.hpp"
+#include "batch_cases.hpp"
 
 namespace {
 
@@ -26,6 +34,30 @@ void dispatch_case(benchmark::State& state, QkShape shape, Placement placement, 
   rope::dispatch::install();
   apply_case<T>(state, shape, placement, threads);
   rope::dispatch::uninstall();
+}
+
+template <class E>
+void batch_dispatch_case(benchmark::State& state, std::vector<std::int64_t> lengths, std::string key) {
+  rope::dispatch::install();
+  batch_case<E>(state, std::move(lengths), Layout::paged, 1, std::move(key));
+  rope::dispatch::uninstall();
+}
+
+// In the order of bench_batch.cpp's, the cases of one cache one after
+// another (each translation unit holds its own cache).
+template <class E>
+void register_batch() {
+  const std::string kv = KvName<E>::value;
+  const std::vector<std::int64_t> lengths(std::begin(kBatchLengths), std::end(kBatchLengths));
+  const std::string key = "baseline/" + kv;
+  benchmark::RegisterBenchmark(("attention/batch_decode_baseline/" + kv + "/paged/T1").c_str(), batch_case<E>, lengths,
+                               Layout::paged, 1, key)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark(("attention/batch_decode_dispatch/" + kv + "/paged/T1").c_str(), batch_dispatch_case<E>,
+                               lengths, key)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
 }
 
 template <class T>
@@ -53,6 +85,9 @@ const bool kRegistered = [] {
   benchmark::AddCustomContext("rope_baseline_arch", xsimd::default_arch::name());
   register_builds<float>("f32");
   register_builds<rope::BFloat16>("bf16");
+  register_batch<float>();
+  register_batch<rope::BFloat16>();
+  register_batch<std::int8_t>();
   return true;
 }();
 

@@ -398,6 +398,12 @@ def batch_rows(rep):
         for layout in ("contiguous", "paged"):
             rep.ratio(section, "batch_decode {} {}: T2 / T1 (speed)".format(kv, layout), batch,
                       name(kv, layout, 2), name(kv, layout, 1), basis="time")
+    for kv in BATCH_KV:
+        for build in ("baseline", "dispatch"):
+            target = at_least(0.95) if build == "dispatch" else None
+            rep.ratio(section, "batch_decode {} paged T1: {} build / native (speed)".format(kv, build), batch,
+                      "attention/batch_decode_{}/{}/paged/T1".format(build, kv), name(kv, "paged", 1),
+                      basis="time", target=target)
     rep.ratio(section, "long_decode bf16 paged: T2 / T1 (speed)", "1 sequence, 32k tokens, 32/8 heads, d 128",
               "attention/long_decode/bf16/paged/T2", "attention/long_decode/bf16/paged/T1", basis="time")
     for case_name in ("attention/long_decode/bf16/paged/T1", "attention/batch_decode/bf16/paged/T1"):

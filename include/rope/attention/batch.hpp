@@ -481,8 +481,11 @@ void run_batch(const View<const Q>& q, const PagedCache<E>& cache, const Batch& 
 // projection). q and out: [tokens, q_heads, head_dim] views, the tokens of
 // sequence b at batch.q_starts[b] ..; out's head_dim is the cache's V
 // head_dim. Everything is checked before out is written; nothing else is
-// written.
-template <class QV, class E, class O>
+// written. Arch: the instruction set of the work outside the cache reads
+// (rotating q, merging, the output), which rope::dispatch does not route;
+// the default, the caller's flags, keeps translation units built with
+// different flags apart, as rope::apply's does.
+template <class QV, class E, class O, class Arch = xsimd::default_arch>
 void softmax_batch(const View<QV>& q_view, const PagedCache<E>& cache, const Batch& batch, View<O> out,
                    const BatchOptions& options = {}, BatchWorkspace* workspace = nullptr) {
   using Q = std::remove_const_t<QV>;
@@ -494,7 +497,7 @@ void softmax_batch(const View<QV>& q_view, const PagedCache<E>& cache, const Bat
   BatchWorkspace local;
   BatchWorkspace& ws = workspace != nullptr ? *workspace : local;
   const detail::BatchPlan plan = detail::check_batch_call(fn, q, cache, batch, out, options, ws);
-  detail::run_batch<Q, E, O>(q, cache, batch, out, options, plan, ws);
+  detail::run_batch<Q, E, O, Arch>(q, cache, batch, out, options, plan, ws);
 }
 
 // One step of a batch: writes each sequence's new K and V rows (k_new, v_new:
@@ -505,8 +508,8 @@ void softmax_batch(const View<QV>& q_view, const PagedCache<E>& cache, const Bat
 // is written, besides softmax_batch's refusals: a new token's slot inside a
 // page that another sequence of the batch reads (a shared prefix page must
 // be copied before a sequence writes into it), and K/V views that overlap
-// the cache other than at their own slots.
-template <class QV, class E, class O>
+// the cache other than at their own slots. Arch: as softmax_batch's.
+template <class QV, class E, class O, class Arch = xsimd::default_arch>
 void softmax_batch_step(const View<QV>& q_view, const View<QV>& k_view, const View<QV>& v_view,
                         const PagedCache<E>& cache, const Batch& batch, View<O> out, const BatchOptions& options = {},
                         BatchWorkspace* workspace = nullptr) {
@@ -562,7 +565,7 @@ void softmax_batch_step(const View<QV>& q_view, const View<QV>& k_view, const Vi
   const detail::TokenWriter<Q, E> writer{k_new, v_new, cache, options.rotation, plan.rotary_dim, {}, {}};
   ws.scratch.resize(std::max(ws.scratch.size(), std::max(k_new.heads * plan.d, plan.dv)));
   for (std::size_t t = 0; t < q.tokens; ++t) writer.write(t, slots[t], positions[t], ws.scratch.data());
-  detail::run_batch<Q, E, O>(q, cache, batch, out, options, plan, ws);
+  detail::run_batch<Q, E, O, Arch>(q, cache, batch, out, options, plan, ws);
 }
 
 }  // namespace rope::attention

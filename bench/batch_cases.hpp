@@ -1,0 +1,214 @@
+// The batch decode case of rope_bench, shared by bench_batch.cpp (built
+// with -march=native, like every other bench source) and baseline.cpp
+// (built with the flags a user's program has, alone with rope::dispatch).
+// Everything here is in an anonymous namespace on purpose: each
+// translation unit compiles its own copy with its own flags, and
+// softmax_batch's Arch template argument (xsimd::default_arch) keeps the
+// two instantiations of the attention call apart.
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <rope/attention.hpp>
+
+namespace {
+
+namespace ra = rope::attention;
+
+constexpr std::size_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128, kPageSize = 16;
+
+// The batch's cache lengths: a mix of short and long requests, 32768 tokens
+// in all. Some end inside a page (and inside a kv_split part), as a running
+// server's do.
+constexpr std::int64_t kBatchLengths[] = {8192, 4096, 3072, 2560, 2048, 2051, 1792, 1536,
+                                          1533, 1280, 1024, 1024, 768,  512,  256,  1024};
+constexpr std::int64_t sum_lengths() {
+  std::int64_t s = 0;
+  for (const std::int64_t l : kBatchLengths) s += l;
+  return s;
+}
+static_assert(sum_lengths() == 32768, "the batch holds 32k cached tokens");
+constexpr std::int64_t kLongLength = 32768;
+constexpr std::uint32_t kShuffleSeed = 20240611;
+
+enum class Layout { contiguous, paged };
+
+template <class E>
+struct KvName;
+template <>
+struct KvName<float> {
+  static constexpr const char* value = "f32";
+};
+template <>
+struct KvName<rope::BFloat16> {
+  static constexpr const char* value = "bf16";
+};
+template <>
+struct KvName<rope::Float16> {
+  static constexpr const char* value = "f16";
+};
+template <>
+struct KvName<std::int8_t> {
+  static constexpr const char* value = "i8";
+};
+
+// Values in [-0.5, 0.5): xorshift, cheap enough to fill 64M floats.
+struct Noise {
+  std::uint32_t s;
+  float operator()() noexcept {
+    s ^= s << 13;
+    s ^= s >> 17;
+    s ^= s << 5;
+    return static_cast<float>(s >> 8) * (1.0f / 16777216.0f) - 0.5f;
+  }
+};
+
+// The K, V (and scale) bytes a call reads for these lengths.
+template <class E>
+std::size_t kv_bytes(const std::vector<std::int64_t>& lengths) {
+  const std::size_t tokens = static_cast<std::size_t>(std::accumulate(lengths.begin(), lengths.end(), std::int64_t{0}));
+  const std::size_t per_row = kHeadDim * sizeof(E) + (rope::KvElement<E>::kScaled ? sizeof(float) : 0);
+  return 2 * tokens * kKvHeads * per_row;
+}
+
+// What one case builds and the next case of the same key reuses.
+struct Held {
+  virtual ~Held() = default;
+};
+std::unique_ptr<Held> g_held;
+std::string g_held_key;
+
+template <class T, class Make>
+T& hold(const std::string& key, Make make) {
+  if (g_held_key != key) {
+    g_held.reset();  // free the last case's cache before building this one
+    g_held_key.clear();
+    g_held = make();
+    g_held_key = key;
+  }
+  return static_cast<T&>(*g_held);
+}
+
+// A cache holding `lengths` sequences of random rows, its block table, and a
+// rotated query token per sequence.
+template <class E>
+struct BatchCase : Held {
+  std::vector<std::int64_t> lengths, q_starts;
+  std::vector<std::int32_t> block_table;
+  std::size_t stride = 0;
+  std::vector<E> k, v;
+  std::vector<float> k_scales, v_scales;
+  ra::PagedCache<E> cache;
+  std::vector<float> q, out;
+
+  BatchCase(std::vector<std::int64_t> lens, Layout layout) : lengths(std::move(lens)) {
+    const std::size_t n = lengths.size();
+    q_starts.resize(n + 1);
+    std::iota(q_starts.begin(), q_starts.end(), std::int64_t{0});
+    std::size_t pages = 0, page_size = 0;
+    if (layout == Layout::contiguous) {
+      page_size = static_cast<std::size_t>(*std::max_element(lengths.begin(), lengths.end()));
+      pages = n;
+      stride = 1;
+      block_table.resize(n);
+      std::iota(block_table.begin(), block_table.end(), 0);
+    } else {
+      page_size = kPageSize;
+      for (const std::int64_t l : lengths) {
+        const std::size_t p = (static_cast<std::size_t>(l) + kPageSize - 1) / kPageSize;
+        pages += p;
+        stride = std::max(stride, p);
+      }
+      std::vector<std::int32_t> order(pages);
+      std::iota(order.begin(), order.end(), 0);
+      std::mt19937 gen(kShuffleSeed);
+      std::shuffle(order.begin(), order.end(), gen);
+      block_table.assign(n * stride, 0);
+      std::size_t next = 0;
+      for (std::size_t b = 0; b < n; ++b) {
+        const std::size_t p = (static_cast<std::size_t>(lengths[b]) + kPageSize - 1) / kPageSize;
+        for (std::size_t i = 0; i < p; ++i) block_table[b * stride + i] = order[next++];
+      }
+    }
+    const std::size_t rows = pages * page_size * kKvHeads;
+    k.resize(rows * kHeadDim);
+    v.resize(rows * kHeadDim);
+    float* ks = nullptr;
+    float* vs = nullptr;
+    if (rope::KvElement<E>::kScaled) {
+      k_scales.resize(rows);
+      v_scales.resize(rows);
+      ks = k_scales.data();
+      vs = v_scales.data();
+    }
+    cache.k = ra::PagePool<E>::nhd(k.data(), pages, page_size, kKvHeads, kHeadDim, ks);
+    cache.v = ra::PagePool<E>::nhd(v.data(), pages, page_size, kKvHeads, kHeadDim, vs);
+    fill(page_size);
+    Noise noise{7};
+    q.resize(n * kQHeads * kHeadDim);
+    for (float& x : q) x = noise();
+    out.resize(q.size());
+  }
+
+  // Each sequence's rows written through write_slots, a chunk of tokens at a
+  // time, rounded into E as an engine's projection would store them.
+  void fill(std::size_t page_size) {
+    constexpr std::size_t kChunk = 512;
+    std::vector<float> kn(kChunk * kKvHeads * kHeadDim), vn(kn.size());
+    std::vector<std::int64_t> slots(kChunk);
+    Noise noise{12345};
+    for (std::size_t b = 0; b < lengths.size(); ++b) {
+      const std::size_t len = static_cast<std::size_t>(lengths[b]);
+      for (std::size_t j0 = 0; j0 < len; j0 += kChunk) {
+        const std::size_t count = std::min(kChunk, len - j0);
+        for (std::size_t i = 0; i < count * kKvHeads * kHeadDim; ++i) {
+          kn[i] = noise();
+          vn[i] = noise();
+        }
+        for (std::size_t i = 0; i < count; ++i) {
+          const std::size_t j = j0 + i;
+          slots[i] = static_cast<std::int64_t>(
+              static_cast<std::size_t>(block_table[b * stride + j / page_size]) * page_size + j % page_size);
+        }
+        ra::write_slots(rope::View<const float>::token_major(kn.data(), count, kKvHeads, kHeadDim),
+                        rope::View<const float>::token_major(vn.data(), count, kKvHeads, kHeadDim), slots.data(),
+                        cache);
+      }
+    }
+  }
+
+  ra::Batch batch() const noexcept {
+    return {q_starts.data(), lengths.data(), block_table.data(), stride, lengths.size()};
+  }
+};
+
+template <class E>
+void batch_case(benchmark::State& state, std::vector<std::int64_t> lengths, Layout layout, std::size_t threads,
+                std::string key) {
+  auto& c = hold<BatchCase<E>>(key, [&] { return std::make_unique<BatchCase<E>>(lengths, layout); });
+  const std::size_t n = c.lengths.size();
+  const auto q = rope::View<const float>::token_major(c.q.data(), n, kQHeads, kHeadDim);
+  const auto out = rope::View<float>::token_major(c.out.data(), n, kQHeads, kHeadDim);
+  const ra::Batch batch = c.batch();
+  ra::BatchOptions o;
+  o.threads = threads;
+  ra::BatchWorkspace ws;
+  ra::softmax_batch(q, c.cache, batch, out, o, &ws);  // grows the workspace outside the timing
+  for (auto _ : state) {
+    ra::softmax_batch(q, c.cache, batch, out, o, &ws);
+    benchmark::DoNotOptimize(c.out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(kv_bytes<E>(c.lengths)));
+}
+
+}  // namespace
