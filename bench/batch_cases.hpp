@@ -19,9 +19,12 @@
 
 #include <rope/attention.hpp>
 
+#include "shapes.hpp"
+
 namespace {
 
 namespace ra = rope::attention;
+using rope_bench::KvName;
 
 constexpr std::size_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128, kPageSize = 16;
 
@@ -40,25 +43,6 @@ constexpr std::int64_t kLongLength = 32768;
 constexpr std::uint32_t kShuffleSeed = 20240611;
 
 enum class Layout { contiguous, paged };
-
-template <class E>
-struct KvName;
-template <>
-struct KvName<float> {
-  static constexpr const char* value = "f32";
-};
-template <>
-struct KvName<rope::BFloat16> {
-  static constexpr const char* value = "bf16";
-};
-template <>
-struct KvName<rope::Float16> {
-  static constexpr const char* value = "f16";
-};
-template <>
-struct KvName<std::int8_t> {
-  static constexpr const char* value = "i8";
-};
 
 // Values in [-0.5, 0.5): xorshift, cheap enough to fill 64M floats.
 struct Noise {

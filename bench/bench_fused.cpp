@@ -34,6 +34,8 @@
 #include <rope/apply.hpp>
 #include <rope/attention.hpp>
 
+#include "shapes.hpp"
+
 namespace {
 
 namespace ra = rope::attention;
@@ -47,20 +49,7 @@ constexpr float kEps = 1e-6f;
 
 enum class Shape { prefill, decode };
 
-template <class E>
-struct KvName;
-template <>
-struct KvName<float> {
-  static constexpr const char* value = "f32";
-};
-template <>
-struct KvName<rope::BFloat16> {
-  static constexpr const char* value = "bf16";
-};
-template <>
-struct KvName<std::int8_t> {
-  static constexpr const char* value = "i8";
-};
+using rope_bench::KvName;
 
 template <class E>
 struct FusedCase {

@@ -6,6 +6,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+
+#include <rope/half.hpp>
 
 namespace rope_bench {
 
@@ -38,5 +41,25 @@ constexpr Shape kNeox20bPartial{"neox20b_partial", 2048, 64, 96, 24};
 constexpr Shape kLlama3Decode{"llama3_8b_decode", 1, 40, 128, 128};
 constexpr std::size_t kDecodePosition = 4000;
 constexpr std::size_t kDecodeTablePositions = 8192;
+
+// The name of a KV cache's element type in case names.
+template <class E>
+struct KvName;
+template <>
+struct KvName<float> {
+  static constexpr const char* value = "f32";
+};
+template <>
+struct KvName<rope::BFloat16> {
+  static constexpr const char* value = "bf16";
+};
+template <>
+struct KvName<rope::Float16> {
+  static constexpr const char* value = "f16";
+};
+template <>
+struct KvName<std::int8_t> {
+  static constexpr const char* value = "i8";
+};
 
 }  // namespace rope_bench
