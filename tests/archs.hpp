@@ -73,11 +73,14 @@ template <class Kept, class... Rest>
 struct KeepDistinct {
   using type = Kept;
 };
+// One step per architecture: the list kept so far, with A or without it,
+// goes on to the rest (naming only the chosen list, so the steps stay
+// linear in the number of architectures).
 template <class... Kept, class A, class... Rest>
 struct KeepDistinct<::testing::Types<Kept...>, A, Rest...> {
-  using type = typename std::conditional<DistinctCode<A>::value,
-                                         typename KeepDistinct<::testing::Types<Kept..., A>, Rest...>::type,
-                                         typename KeepDistinct<::testing::Types<Kept...>, Rest...>::type>::type;
+  using type = typename KeepDistinct<
+      typename std::conditional<DistinctCode<A>::value, ::testing::Types<Kept..., A>, ::testing::Types<Kept...>>::type,
+      Rest...>::type;
 };
 template <class List>
 struct DistinctOf;
