@@ -12,6 +12,8 @@
 //     the result are no nearer), as half.hpp does; int8 is within s/2 per
 //     element (plus the rounding of x / s), q in [-127, 127], the largest
 //     element at +-127, scale 0 for zeros and NaN (q = 0) for non-finite;
+//   dot_kv's scale: the sum rounded, then multiplied (bit for bit);
+//   sum_lanes4: exact on integers, within (lanes - 1) eps sum |x| otherwise;
 //   max_row exact, exp_row and softcap_row within a few ulps of long double.
 #include <gtest/gtest.h>
 
@@ -25,6 +27,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <rope/detail/simd.hpp>
 #include <rope/half.hpp>
 #include <rope/kernels.hpp>
 #include <rope/reference.hpp>
@@ -123,6 +126,15 @@ void check_dot() {
       rope_test::Guarded<float> scores(rows * score_stride, rows % 2);
       const std::vector<float> before(scores.data(), scores.data() + rows * score_stride);
       rope::dot_kv<E, Arch>(q_planes.data(), q_stride, rows, d, key.data(), scores.data(), score_stride);
+      // With a scale: the same sums, each rounded and then multiplied.
+      std::vector<float> scaled(rows * score_stride);
+      const float scale = 0.3125f + static_cast<float>(rows) / 7.0f;
+      rope::dot_kv<E, Arch>(q_planes.data(), q_stride, rows, d, key.data(), scaled.data(), score_stride, scale);
+      for (std::size_t r = 0; r < rows; ++r) {
+        const float want = scores.data()[r * score_stride] * scale;
+        ASSERT_EQ(std::memcmp(&scaled[r * score_stride], &want, sizeof(float)), 0)
+            << Arch::name() << " " << element_name<E>() << " rows " << rows << " d " << d << " row " << r;
+      }
       std::vector<float> twin(rows * score_stride);
       rope::reference::dot_kv(q.data(), rows, d, key.data(), twin.data(), score_stride);
       ASSERT_TRUE(scores.guards_intact());
@@ -265,6 +277,67 @@ TYPED_TEST(KvRows, ExpRowWithinUlpsOfLongDouble) {
           EXPECT_FALSE(std::isnan(s[j])) << "NaN spread to weight " << j;
         }
       }
+    }
+  }
+}
+
+// sum_lanes4 (detail/simd.hpp), the cross-lane sums of dot_kv's groups of
+// four rows: lane r of the result is the sum of batch r's lanes. Small
+// integers add exactly in any order, so those sums are compared exactly;
+// random floats within (lanes - 1) eps sum |x| of long double.
+TYPED_TEST(KvRows, SumLanes4SumsEachOfFourBatches) {
+  using Arch = TypeParam;
+  using F = xsimd::batch<float, Arch>;
+  constexpr std::size_t L = F::size;
+  const double eps = std::numeric_limits<float>::epsilon();
+  std::mt19937 gen(5);
+  for (int trial = 0; trial < 50; ++trial) {
+    const bool integers = trial % 2 == 0;
+    std::vector<float> lanes(4 * L);
+    for (float& x : lanes) {
+      x = integers
+              ? static_cast<float>(static_cast<int>(gen() % 2001) - 1000)
+              : std::ldexp(static_cast<float>(gen() % 100000) / 50000.0f - 1.0f, static_cast<int>(gen() % 20) - 10);
+    }
+    F v[4];
+    for (std::size_t r = 0; r < 4; ++r) v[r] = F::load_unaligned(&lanes[r * L]);
+    float got[L];
+    rope::detail::sum_lanes4<Arch>(v).store_unaligned(got);
+    for (std::size_t r = 0; r < 4; ++r) {
+      LD exact = 0, magnitude = 0;
+      for (std::size_t i = 0; i < L; ++i) {
+        exact += lanes[r * L + i];
+        magnitude += std::fabs(static_cast<LD>(lanes[r * L + i]));
+      }
+      if (integers) {
+        ASSERT_EQ(static_cast<LD>(got[r]), exact) << Arch::name() << " trial " << trial << " row " << r;
+      } else {
+        ASSERT_NEAR(got[r], static_cast<double>(exact),
+                    static_cast<double>(L - 1) * eps * static_cast<double>(magnitude))
+            << Arch::name() << " trial " << trial << " row " << r;
+      }
+    }
+  }
+}
+
+// max_row is exact: the largest finite-or-infinite score, NaNs skipped, in
+// the lanes and in the tail, wherever the NaNs and the maximum sit.
+TYPED_TEST(KvRows, MaxRowIsTheLargestScoreNaNsSkipped) {
+  using Arch = TypeParam;
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  std::mt19937 gen(11);
+  for (std::size_t n = 0; n <= 70; ++n) {
+    for (int trial = 0; trial < 4; ++trial) {
+      auto s = rope_test::random_vector<float>(n, static_cast<std::uint32_t>(100 * n + trial), 50.0);
+      for (std::size_t j = 0; j < n; ++j) {
+        if (gen() % 5 == 0) s[j] = nan;
+      }
+      if (trial == 3 && n > 0) s[gen() % n] = -inf;
+      float want = -inf;
+      for (const float x : s) {
+        if (!std::isnan(x)) want = std::max(want, x);
+      }
+      ASSERT_EQ(rope::max_row<Arch>(s.data(), n), want) << Arch::name() << " n " << n << " trial " << trial;
     }
   }
 }

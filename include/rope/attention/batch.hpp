@@ -132,7 +132,7 @@ struct BatchPlan {
 
 // Keys per chunk of an item's scores: a chunk's values (64 tokens x every
 // head) stay in L2 between the scores and the weighted sum.
-constexpr std::size_t kBatchChunk = 64;
+constexpr std::size_t kBatchChunk = kAttendMaxChunk;
 
 inline std::int64_t new_tokens(const Batch& batch, std::size_t b) noexcept {
   return batch.q_starts[b + 1] - batch.q_starts[b];

@@ -34,6 +34,8 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include "inline.hpp"
+
 namespace rope::detail {
 
 // The unsigned integer of the same width as T: the element type of a swizzle
@@ -68,6 +70,11 @@ struct DuplicateHigh {  // (n/2, n/2, ..., n-1, n-1)
   static constexpr std::size_t index(std::size_t i, std::size_t n) noexcept { return n / 2 + i / 2; }
 };
 
+template <std::size_t K>
+struct SwapBlocks {  // lane i ^ K: blocks of K lanes swapped in pairs
+  static constexpr std::size_t index(std::size_t i, std::size_t) noexcept { return i ^ K; }
+};
+
 // Swaps each even lane with the odd lane after it: one vpermilps on AVX.
 template <class T, class Arch>
 xsimd::batch<T, Arch> swap_adjacent(const xsimd::batch<T, Arch>& v) noexcept {
@@ -84,6 +91,41 @@ xsimd::batch<T, Arch> duplicate_low(const xsimd::batch<T, Arch>& v) noexcept {
 template <class T, class Arch>
 xsimd::batch<T, Arch> duplicate_high(const xsimd::batch<T, Arch>& v) noexcept {
   return xsimd::swizzle(v, mask<T, Arch, DuplicateHigh>());
+}
+
+// The lanes i of a batch with i & K == 0 (the first of each pair of blocks
+// of K lanes), as a batch_bool built from a compare, the same in every
+// xsimd version; optimised builds fold it into a constant.
+template <class Arch, std::size_t K>
+ROPE_ALWAYS_INLINE xsimd::batch_bool<float, Arch> first_blocks() noexcept {
+  using F = xsimd::batch<float, Arch>;
+  float lanes[F::size];
+  for (std::size_t i = 0; i < F::size; ++i) lanes[i] = (i & K) == 0 ? 1.0f : 0.0f;
+  return F::load_unaligned(lanes) != F(0.0f);
+}
+
+// One step of a transposed sum: with x holding sums of one kind in the
+// blocks of K lanes where i & K == 0 and y the same of another kind, the
+// lanes i & K == 0 of the result hold x's sums over both blocks, the others
+// y's (x_i + x_(i^K) and y_i + y_(i^K)).
+template <std::size_t K, class Arch>
+ROPE_ALWAYS_INLINE xsimd::batch<float, Arch> fold_pair(const xsimd::batch<float, Arch>& x,
+                                                       const xsimd::batch<float, Arch>& y) noexcept {
+  const auto first = first_blocks<Arch, K>();
+  return xsimd::select(first, x, y) + xsimd::swizzle(xsimd::select(first, y, x), mask<float, Arch, SwapBlocks<K> >());
+}
+
+// The sums of the lanes of four batches at once (a batch has at least 4
+// float lanes): lane r < 4 of the result is the sum of the lanes of v[r],
+// added in a tree of lane pairs fixed by the architecture.
+template <class Arch>
+ROPE_ALWAYS_INLINE xsimd::batch<float, Arch> sum_lanes4(const xsimd::batch<float, Arch>* v) noexcept {
+  using F = xsimd::batch<float, Arch>;
+  static_assert(F::size >= 4, "four sums need four lanes");
+  F s = fold_pair<2, Arch>(fold_pair<1, Arch>(v[0], v[1]), fold_pair<1, Arch>(v[2], v[3]));
+  if constexpr (F::size >= 8) s = s + xsimd::swizzle(s, mask<float, Arch, SwapBlocks<4> >());
+  if constexpr (F::size >= 16) s = s + xsimd::swizzle(s, mask<float, Arch, SwapBlocks<8> >());
+  return s;
 }
 
 // (even, odd, even, odd, ...), loaded from an array: the batch constructor

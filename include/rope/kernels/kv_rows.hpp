@@ -168,7 +168,7 @@ void for_row_groups(std::size_t rows, Block&& block) noexcept {
 
 template <std::size_t R, class E, class Arch>
 void dot_kv_group(const float* q, std::size_t q_stride, std::size_t d, const E* key, float* scores,
-                  std::size_t score_stride) noexcept {
+                  std::size_t score_stride, float scale) noexcept {
   using F = xsimd::batch<float, Arch>;
   constexpr std::size_t lanes = F::size;
   constexpr std::size_t P = KvElement<E>::kPerLane;
@@ -190,15 +190,33 @@ void dot_kv_group(const float* q, std::size_t q_stride, std::size_t d, const E* 
       for (std::size_t k = 0; k < P; ++k) sum[r][k] = mul_add(F::load_unaligned(qr + k * lanes), planes[k], sum[r][k]);
     }
   }
+  F total[R];
   ROPE_UNROLL
   for (std::size_t r = 0; r < R; ++r) {
-    F total = sum[r][0];
+    total[r] = sum[r][0];
     ROPE_UNROLL
-    for (std::size_t k = 1; k < P; ++k) total = total + sum[r][k];
-    float t = sum_lanes(total);
+    for (std::size_t k = 1; k < P; ++k) total[r] = total[r] + sum[r][k];
+  }
+  // Groups of four rows are summed across lanes together (sum_lanes4).
+  float t[R];
+  if constexpr (R % 4 == 0) {
+    ROPE_UNROLL
+    for (std::size_t r = 0; r < R; r += 4) {
+      float four[lanes];
+      sum_lanes4<Arch>(total + r).store_unaligned(four);
+      ROPE_UNROLL
+      for (std::size_t i = 0; i < 4; ++i) t[r + i] = four[i];
+    }
+  } else {
+    ROPE_UNROLL
+    for (std::size_t r = 0; r < R; ++r) t[r] = sum_lanes(total[r]);
+  }
+  ROPE_UNROLL
+  for (std::size_t r = 0; r < R; ++r) {
+    float x = t[r];
     const float* qr = q + r * q_stride;
-    for (std::size_t c = full; c < d; ++c) t = std::fma(qr[c], widen_value(key[c]), t);
-    scores[r * score_stride] = t;
+    for (std::size_t c = full; c < d; ++c) x = std::fma(qr[c], widen_value(key[c]), x);
+    scores[r * score_stride] = x * scale;
   }
 }
 
@@ -281,15 +299,15 @@ void unpermute_row(const float* x, std::size_t d, float* out) noexcept {
   for (std::size_t c = full; c < d; ++c) out[c] = x[c];
 }
 
-// scores[r * score_stride] = q_r . key for `rows` query rows (row r at
-// q + r * q_stride, d floats in plane order) and one key of d stored values
-// (int8: before its scale).
+// scores[r * score_stride] = (q_r . key) * scale for `rows` query rows (row
+// r at q + r * q_stride, d floats in plane order) and one key of d stored
+// values (int8: before its scale), the product rounded, then the scale.
 template <class E, class Arch = xsimd::default_arch>
 void dot_kv(const float* q, std::size_t q_stride, std::size_t rows, std::size_t d, const E* key, float* scores,
-            std::size_t score_stride) noexcept {
+            std::size_t score_stride, float scale = 1.0f) noexcept {
   detail::for_row_groups<detail::kv_max_rows<E, Arch>()>(rows, [&](auto group, std::size_t r) {
     detail::dot_kv_group<decltype(group)::value, E, Arch>(q + r * q_stride, q_stride, d, key, scores + r * score_stride,
-                                                          score_stride);
+                                                          score_stride, scale);
   });
 }
 
@@ -312,8 +330,21 @@ void weighted_kv(const float* weights, std::size_t weight_stride, std::size_t ro
 // The largest of n scores, NaNs skipped (-inf for n = 0 or all NaN).
 template <class Arch = xsimd::default_arch>
 float max_row(const float* s, std::size_t n) noexcept {
+  using F = xsimd::batch<float, Arch>;
+  constexpr std::size_t lanes = F::size;
+  const std::size_t full = n - n % lanes;
   float m = -std::numeric_limits<float>::infinity();
-  for (std::size_t j = 0; j < n; ++j) m = s[j] > m ? s[j] : m;
+  if (full > 0) {
+    F top(m);
+    for (std::size_t j = 0; j < full; j += lanes) {
+      const F x = F::load_unaligned(s + j);
+      top = xsimd::select(x > top, x, top);  // a NaN compares false: skipped
+    }
+    float t[lanes];
+    top.store_unaligned(t);
+    for (std::size_t i = 0; i < lanes; ++i) m = t[i] > m ? t[i] : m;
+  }
+  for (std::size_t j = full; j < n; ++j) m = s[j] > m ? s[j] : m;
   return m;
 }
 
@@ -366,10 +397,13 @@ struct KvKeys {
   std::size_t v_page_stride = 0, v_token_stride = 0, v_head_stride = 0;
   std::size_t first_key = 0, keys = 0;
   std::size_t q_heads = 0, kv_heads = 0, d = 0, dv = 0;
-  std::size_t chunk = 1;  // keys per chunk of scores
+  std::size_t chunk = 1;  // keys per chunk of scores: 1 .. kAttendMaxChunk
   float scale = 1;
   float softcap = 0;  // 0: none
 };
+
+// The most keys per chunk of attend_keys.
+constexpr std::size_t kAttendMaxChunk = 64;
 
 // The floats attend_keys works in: q_heads * (d + chunk + dv).
 constexpr std::size_t attend_work(std::size_t q_heads, std::size_t d, std::size_t dv, std::size_t chunk) noexcept {
@@ -381,14 +415,43 @@ constexpr std::size_t attend_work(std::size_t q_heads, std::size_t d, std::size_
 // for each head h, m[h] = the max of its scores s_j = scale * q_h . k_j
 // (int8: times k_j's scale; capped by softcap when set), l[h] = sum_j
 // exp(s_j - m[h]), acc[h * dv ..] = sum_j exp(s_j - m[h]) v_j in channel
-// order. The keys are taken in chunks of a.chunk; each chunk's scores key
+// order. The keys are taken in chunks of a.chunk (at most kAttendMaxChunk); each chunk's scores key
 // token by key token over every key/value head (a token's rows in memory
 // order), its weights exp(s - m) relative to the running max, the earlier
 // sums scaled by exp(m_old - m_new) when the max grows.
+namespace detail {
+
+// Where a chunk's tokens are: the slot of each, its offset in its page, and
+// where its key and value rows start (one division per chunk).
+template <class E>
+struct ChunkRows {
+  std::size_t slots[kAttendMaxChunk], offsets[kAttendMaxChunk];
+  const E* k[kAttendMaxChunk];
+  const E* v[kAttendMaxChunk];
+
+  void find(const KvKeys<E>& a, std::size_t first, std::size_t count) noexcept {
+    const std::size_t ps = a.page_size;
+    std::size_t page = first / ps, offset = first % ps;
+    for (std::size_t i = 0; i < count; ++i) {
+      const auto id = static_cast<std::size_t>(a.pages[page]);
+      slots[i] = id * ps + offset;
+      offsets[i] = offset;
+      k[i] = a.k + id * a.k_page_stride + offset * a.k_token_stride;
+      v[i] = a.v + id * a.v_page_stride + offset * a.v_token_stride;
+      if (++offset == ps) {
+        offset = 0;
+        ++page;
+      }
+    }
+  }
+};
+
+}  // namespace detail
+
 template <class E, class Arch = xsimd::default_arch>
 void attend_keys(const KvKeys<E>& a, const float* q, float* work, float* m, float* l, float* acc) noexcept {
   const std::size_t H = a.q_heads, Hk = a.kv_heads, G = H / Hk, d = a.d, dv = a.dv, S = a.chunk;
-  const std::size_t ps = a.page_size;
+  const std::size_t ps = a.page_size, end = a.first_key + a.keys;
   float* qp = work;
   float* scores = qp + H * d;
   float* ap = scores + H * S;
@@ -398,24 +461,17 @@ void attend_keys(const KvKeys<E>& a, const float* q, float* work, float* m, floa
     l[h] = 0.0f;
   }
   for (std::size_t c = 0; c < H * dv; ++c) ap[c] = 0.0f;
-  const auto slot_of = [&](std::size_t j) { return static_cast<std::size_t>(a.pages[j / ps]) * ps + j % ps; };
-  const auto k_row = [&](std::size_t slot, std::size_t g) {
-    return a.k + (slot / ps) * a.k_page_stride + (slot % ps) * a.k_token_stride + g * a.k_head_stride;
-  };
-  for (std::size_t c0 = a.first_key; c0 < a.first_key + a.keys; c0 += S) {
-    const std::size_t left = a.first_key + a.keys - c0;
-    const std::size_t count = left < S ? left : S;
+  detail::ChunkRows<E> rows;
+  for (std::size_t c0 = a.first_key; c0 < end; c0 += S) {
+    const std::size_t count = end - c0 < S ? end - c0 : S;
+    rows.find(a, c0, count);
     for (std::size_t i = 0; i < count; ++i) {
-      const std::size_t slot = slot_of(c0 + i);
       // This token's values, for the weighted pass after the chunk (the
       // keys are read now; prefetching them ahead as well measured slower).
-      detail::prefetch_rows(a.v + (slot / ps) * a.v_page_stride + (slot % ps) * a.v_token_stride, Hk,
-                            a.v_head_stride * sizeof(E), dv * sizeof(E));
+      detail::prefetch_rows(rows.v[i], Hk, a.v_head_stride * sizeof(E), dv * sizeof(E));
       for (std::size_t g = 0; g < Hk; ++g) {
-        float* sc = scores + g * G * S + i;
-        dot_kv<E, Arch>(qp + g * G * d, d, G, d, k_row(slot, g), sc, S);
-        const float ks = a.k_scales != nullptr ? a.scale * a.k_scales[slot * Hk + g] : a.scale;
-        for (std::size_t r = 0; r < G; ++r) sc[r * S] *= ks;
+        const float ks = a.k_scales != nullptr ? a.scale * a.k_scales[rows.slots[i] * Hk + g] : a.scale;
+        dot_kv<E, Arch>(qp + g * G * d, d, G, d, rows.k[i] + g * a.k_head_stride, scores + g * G * S + i, S, ks);
       }
     }
     for (std::size_t h = 0; h < H; ++h) {
@@ -433,17 +489,22 @@ void attend_keys(const KvKeys<E>& a, const float* q, float* work, float* m, floa
     }
     // The weighted values, one run of keys per page, every head of it.
     for (std::size_t i = 0; i < count;) {
-      const std::size_t j = c0 + i;
       // Runs of at most kRun keys: weighted_kv reads each value once per
       // block of channels, so a run's values should stay in L1.
       constexpr std::size_t kRun = 16;
-      std::size_t run = count - i < ps - j % ps ? count - i : ps - j % ps;
+      std::size_t run = count - i < ps - rows.offsets[i] ? count - i : ps - rows.offsets[i];
       run = run < kRun ? run : kRun;
-      const std::size_t slot = slot_of(j);
-      const E* v0 = a.v + (slot / ps) * a.v_page_stride + (slot % ps) * a.v_token_stride;
       for (std::size_t g = 0; g < Hk; ++g) {
-        const float* vs = a.v_scales != nullptr ? a.v_scales + slot * Hk + g : nullptr;
-        weighted_kv<E, Arch>(scores + g * G * S + i, S, G, run, v0 + g * a.v_head_stride, a.v_token_stride, vs, Hk, dv,
+        float* w = scores + g * G * S + i;
+        if (a.v_scales != nullptr) {
+          // int8: each weight times its value's scale, once (weighted_kv
+          // would multiply them again for every block of channels).
+          const float* vs = a.v_scales + rows.slots[i] * Hk + g;
+          for (std::size_t r = 0; r < G; ++r) {
+            for (std::size_t t = 0; t < run; ++t) w[r * S + t] *= vs[t * Hk];
+          }
+        }
+        weighted_kv<E, Arch>(w, S, G, run, rows.v[i] + g * a.v_head_stride, a.v_token_stride, nullptr, Hk, dv,
                              ap + g * G * dv, dv);
       }
       i += run;
