@@ -209,6 +209,32 @@ TEST(Features, SignFixMakesFirstCoordinateSymmetric) {
   }
 }
 
+// detail::positive_qr_q against the definition at head sizes up to 128: Q
+// orthogonal and Q^T G upper triangular with a positive diagonal (Q^T Q = I
+// and R = Q^T G to 1e-12: d^2 ulps of sums of order sqrt(d)).
+TEST(Features, PositiveQrIsTheQrWithAPositiveDiagonal) {
+  for (const Eigen::Index d : {1, 2, 5, 64, 128}) {
+    rope::attention::detail::Normal normal(static_cast<std::uint64_t>(d));
+    Eigen::MatrixXd g(d, d);
+    for (Eigen::Index c = 0; c < d; ++c) {
+      for (Eigen::Index r = 0; r < d; ++r) g(r, c) = normal();
+    }
+    Eigen::MatrixXd work = g;
+    const Eigen::MatrixXd q = rope::attention::detail::positive_qr_q(work);
+    const Eigen::MatrixXd qtq = q.transpose() * q;
+    const Eigen::MatrixXd r = q.transpose() * g;
+    for (Eigen::Index i = 0; i < d; ++i) {
+      EXPECT_GT(r(i, i), 0.0) << "d " << d << " R(" << i << "," << i << ")";
+      for (Eigen::Index j = 0; j < d; ++j) {
+        ASSERT_NEAR(qtq(i, j), i == j ? 1.0 : 0.0, 1e-12) << "d " << d << " (Q^T Q)(" << i << "," << j << ")";
+        if (j < i) {
+          ASSERT_NEAR(r(i, j), 0.0, 1e-12) << "d " << d << " R(" << i << "," << j << ")";
+        }
+      }
+    }
+  }
+}
+
 // Mean over seeds of the kernel estimate phi(x).phi(y) (eps = 0, offsets
 // removed: (1/m) sum_r exp(u_x,r - h_x + u_y,r - h_y)).
 double kernel_estimate(const Matrix<double>& x, const Matrix<double>& y, FavorOptions fo, std::size_t seeds) {

@@ -36,7 +36,6 @@
 #include <utility>
 
 #include <Eigen/Core>
-#include <Eigen/QR>
 
 #include "common.hpp"
 
@@ -113,6 +112,45 @@ class Normal {
   double spare_ = 0.0;
   bool has_spare_ = false;
 };
+
+// The Q of g = Q R (g square) with R's diagonal >= 0: the unique QR with a
+// positive diagonal, so that Q is Haar-distributed when g is Gaussian.
+// Householder reflections in double, H_k = I - 2 v v^T / (v^T v), each
+// taking column k of what is left of g to R_kk e_k with R_kk of the sign
+// opposite to its top entry (no cancellation); Q = H_0 H_1 ... with column k
+// negated where R_kk < 0. Plain loops: Eigen's QR module would be compiled
+// by every unit that includes the attention module. g is overwritten.
+inline Eigen::MatrixXd positive_qr_q(Eigen::MatrixXd& g) {
+  const Eigen::Index n = g.rows();
+  Eigen::MatrixXd q = Eigen::MatrixXd::Identity(n, n);
+  Eigen::VectorXd v(n);
+  for (Eigen::Index k = 0; k < n; ++k) {
+    double norm = 0;
+    for (Eigen::Index i = k; i < n; ++i) norm += g(i, k) * g(i, k);
+    norm = std::sqrt(norm);
+    if (norm == 0) continue;  // a zero column: R_kk = 0, no reflection
+    const double r_kk = g(k, k) > 0 ? -norm : norm;
+    double vv = 0;
+    for (Eigen::Index i = k; i < n; ++i) {
+      v(i) = g(i, k) - (i == k ? r_kk : 0.0);
+      vv += v(i) * v(i);
+    }
+    const double f = 2.0 / vv;
+    for (Eigen::Index j = k; j < n; ++j) {
+      double dot = 0;
+      for (Eigen::Index i = k; i < n; ++i) dot += v(i) * g(i, j);
+      for (Eigen::Index i = k; i < n; ++i) g(i, j) -= f * dot * v(i);
+    }
+    // Q H_k changes columns k .. n-1 of Q only, so column k is final here.
+    for (Eigen::Index r = 0; r < n; ++r) {
+      double dot = 0;
+      for (Eigen::Index i = k; i < n; ++i) dot += q(r, i) * v(i);
+      for (Eigen::Index i = k; i < n; ++i) q(r, i) -= f * dot * v(i);
+    }
+    if (r_kk < 0) q.col(k) = -q.col(k);
+  }
+  return q;
+}
 
 }  // namespace detail
 
@@ -260,13 +298,7 @@ class FavorFeatures {
         for (Eigen::Index c = 0; c < d; ++c) {
           for (Eigen::Index r = 0; r < d; ++r) g(r, c) = normal();
         }
-        const Eigen::HouseholderQR<Eigen::MatrixXd> qr(g);
-        Eigen::MatrixXd q = qr.householderQ() * Eigen::MatrixXd::Identity(d, d);
-        // Q diag(sign(diag R)): the unique QR with a positive diagonal, whose
-        // Q is Haar-distributed.
-        for (Eigen::Index c = 0; c < d; ++c) {
-          if (qr.matrixQR()(c, c) < 0) q.col(c) = -q.col(c);
-        }
+        const Eigen::MatrixXd q = detail::positive_qr_q(g);
         const Eigen::Index rows = std::min(d, w_.rows() - row0);
         w_.middleRows(row0, rows) = q.transpose().topRows(rows);
       }
