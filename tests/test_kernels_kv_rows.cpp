@@ -407,7 +407,8 @@ void check_round_16(float x, E got) {
   }
 }
 
-TEST(KvRowsStore, SixteenBitTypesRoundOnceToNearestEven) {
+TYPED_TEST(KvRows, StoreSixteenBitTypesRoundOnceToNearestEven) {
+  using Arch = TypeParam;
   std::mt19937 gen(5);
   std::vector<float> x;
   for (int e = -30; e <= 20; ++e) {
@@ -433,16 +434,32 @@ TEST(KvRowsStore, SixteenBitTypesRoundOnceToNearestEven) {
   x.insert(x.end(), std::begin(specials), std::end(specials));
   std::vector<BFloat16> bf(x.size());
   std::vector<Float16> hf(x.size());
-  rope::store_kv_row(x.data(), x.size(), bf.data(), nullptr);
-  rope::store_kv_row(x.data(), x.size(), hf.data(), nullptr);
+  rope::store_kv_row<Arch>(x.data(), x.size(), bf.data(), nullptr);
+  rope::store_kv_row<Arch>(x.data(), x.size(), hf.data(), nullptr);
   for (std::size_t i = 0; i < x.size(); ++i) {
-    EXPECT_EQ(bf[i].bits, rope::detail::float_to_bfloat16_bits(x[i])) << x[i];
-    EXPECT_EQ(hf[i].bits, rope::detail::float_to_float16_bits(x[i])) << x[i];
+    EXPECT_EQ(bf[i].bits, rope::detail::float_to_bfloat16_bits(x[i])) << Arch::name() << " " << x[i];
+    EXPECT_EQ(hf[i].bits, rope::detail::float_to_float16_bits(x[i])) << Arch::name() << " " << x[i];
     check_round_16(x[i], bf[i]);
     check_round_16(x[i], hf[i]);
   }
+  // Every length and start (the SIMD blocks and the tail): the same bits,
+  // and nothing written past the row.
+  for (std::size_t start = 0; start < 3; ++start) {
+    for (std::size_t n = 0; n <= 40; ++n) {
+      std::vector<BFloat16> b(n + 1, BFloat16::from_bits(0x1234));
+      std::vector<Float16> h(n + 1, Float16::from_bits(0x1234));
+      rope::store_kv_row<Arch>(x.data() + 990 + start, n, b.data(), nullptr);
+      rope::store_kv_row<Arch>(x.data() + 990 + start, n, h.data(), nullptr);
+      for (std::size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(b[i].bits, rope::detail::float_to_bfloat16_bits(x[990 + start + i])) << Arch::name() << " n " << n;
+        ASSERT_EQ(h[i].bits, rope::detail::float_to_float16_bits(x[990 + start + i])) << Arch::name() << " n " << n;
+      }
+      ASSERT_EQ(b[n].bits, 0x1234) << Arch::name() << " written past n " << n;
+      ASSERT_EQ(h[n].bits, 0x1234) << Arch::name() << " written past n " << n;
+    }
+  }
   std::vector<float> copy(x.size());
-  rope::store_kv_row(x.data(), x.size(), copy.data(), nullptr);
+  rope::store_kv_row<Arch>(x.data(), x.size(), copy.data(), nullptr);
   EXPECT_EQ(std::memcmp(copy.data(), x.data(), x.size() * sizeof(float)), 0);
 }
 

@@ -521,16 +521,43 @@ void attend_keys(const KvKeys<E>& a, const float* q, float* work, float* m, floa
 // for int8 only: 0 for an all-zero vector (q = 0), NaN when the vector holds
 // a NaN or an infinity (q = 0: int8 holds neither), so every value read
 // back from that vector is NaN.
-inline void store_kv_row(const float* x, std::size_t n, float* out, float* /*scale*/) noexcept {
+template <class Arch = xsimd::default_arch>
+void store_kv_row(const float* x, std::size_t n, float* out, float* /*scale*/) noexcept {
   std::copy(x, x + n, out);
 }
-inline void store_kv_row(const float* x, std::size_t n, BFloat16* out, float* /*scale*/) noexcept {
-  for (std::size_t c = 0; c < n; ++c) out[c].bits = detail::float_to_bfloat16_bits(x[c]);
+
+namespace detail {
+
+// The 16-bit rows: each block of float lanes rounded by the lane codec of
+// detail/half_lanes.hpp (bit for bit half.hpp's conversion), the kept
+// halves written out; the tail through half.hpp.
+template <class E, class Arch, class Codec>
+void store_16_row(const float* x, std::size_t n, E* out, Codec round) noexcept {
+  using F = xsimd::batch<float, Arch>;
+  constexpr std::size_t lanes = F::size;
+  const std::size_t full = n - n % lanes;
+  for (std::size_t c = 0; c < full; c += lanes) {
+    std::uint32_t bits[lanes];
+    round(F::load_unaligned(x + c)).store_unaligned(bits);
+    for (std::size_t i = 0; i < lanes; ++i) out[c + i].bits = static_cast<std::uint16_t>(bits[i]);
+  }
+  for (std::size_t c = full; c < n; ++c) out[c] = E(x[c]);
 }
-inline void store_kv_row(const float* x, std::size_t n, Float16* out, float* /*scale*/) noexcept {
-  for (std::size_t c = 0; c < n; ++c) out[c].bits = detail::float_to_float16_bits(x[c]);
+
+}  // namespace detail
+
+template <class Arch = xsimd::default_arch>
+void store_kv_row(const float* x, std::size_t n, BFloat16* out, float* /*scale*/) noexcept {
+  detail::store_16_row<BFloat16, Arch>(
+      x, n, out, [](const xsimd::batch<float, Arch>& f) { return detail::BFloat16Lanes<Arch>::round_high(f) >> 16; });
 }
-inline void store_kv_row(const float* x, std::size_t n, std::int8_t* out, float* scale) noexcept {
+template <class Arch = xsimd::default_arch>
+void store_kv_row(const float* x, std::size_t n, Float16* out, float* /*scale*/) noexcept {
+  detail::store_16_row<Float16, Arch>(
+      x, n, out, [](const xsimd::batch<float, Arch>& f) { return detail::Float16Lanes<Arch>::round_low(f); });
+}
+template <class Arch = xsimd::default_arch>
+void store_kv_row(const float* x, std::size_t n, std::int8_t* out, float* scale) noexcept {
   float m = 0.0f;
   bool finite = true;
   for (std::size_t c = 0; c < n; ++c) {
