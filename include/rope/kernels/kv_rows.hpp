@@ -422,8 +422,9 @@ constexpr std::size_t attend_work(std::size_t q_heads, std::size_t d, std::size_
 namespace detail {
 
 // Where a chunk's tokens are: the slot of each, its offset in its page, and
-// where its key and value rows start (one division per chunk).
-template <class E>
+// where its key and value rows start (one division per chunk). Arch only
+// names the instruction set its code is compiled for (rope::dispatch).
+template <class E, class Arch>
 struct ChunkRows {
   std::size_t slots[kAttendMaxChunk], offsets[kAttendMaxChunk];
   const E* k[kAttendMaxChunk];
@@ -461,7 +462,7 @@ void attend_keys(const KvKeys<E>& a, const float* q, float* work, float* m, floa
     l[h] = 0.0f;
   }
   for (std::size_t c = 0; c < H * dv; ++c) ap[c] = 0.0f;
-  detail::ChunkRows<E> rows;
+  detail::ChunkRows<E, Arch> rows;
   for (std::size_t c0 = a.first_key; c0 < end; c0 += S) {
     const std::size_t count = end - c0 < S ? end - c0 : S;
     rows.find(a, c0, count);
