@@ -12,7 +12,8 @@
 #   xsimd14  the suite and examples, g++, against the xsimd 14 headers in the
 #            folder ROPE_XSIMD14_INCLUDE_DIR names (environment; .ci/run sets
 #            it where CI has them; skipped, saying so, where it is unset);
-#            of the consumer projects, the installed package's three
+#            of the consumer projects only install, find_package and
+#            install_unbuilt (CMakePresets.json, test preset xsimd14)
 #
 #   asan   g++, the whole suite under ASan + UBSan (not in the default list:
 #          the clang stage runs the same sanitizers, and CI's time goes to the
