@@ -94,9 +94,9 @@ TEST(HfConfig, EveryConfigMatchesTheReference) {
       EXPECT_EQ(kind.rotates, probe.at("rotates").get<bool>());
       EXPECT_EQ(kind.head_dim, probe.at("head_dim").get<std::size_t>());
       EXPECT_EQ(kind.layer_type, probe.at("layer_type").get<std::string>());
-      EXPECT_EQ(kind.style, style_of(e));
-      EXPECT_EQ(kind.rotary_offset, e.at("rotary_offset").get<std::size_t>());
-      expect_relative(kind.softmax_scale, e.at("softmax_scale").get<double>(), "kind softmax_scale");
+      EXPECT_EQ(kind.style, style_of(probe));
+      EXPECT_EQ(kind.rotary_offset, probe.at("rotary_offset").get<std::size_t>());
+      expect_relative(kind.softmax_scale, probe.at("softmax_scale").get<double>(), "kind softmax_scale");
       const std::size_t switch_length = probe.at("seq_len_switch");
       EXPECT_EQ(m.seq_len_dependence(layer).depends, switch_length != 0);
       EXPECT_EQ(m.seq_len_dependence(layer).switch_length, switch_length);

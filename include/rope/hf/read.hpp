@@ -201,16 +201,24 @@ inline double deepseek_score_scale(const Reader& main_entry, const LayerRope& pr
   return g * g;
 }
 
-// The factor on q.k before the softmax, as the family's attention computes it.
+// The factor on q.k before the softmax of a layer whose rotary part lies in
+// head_dim channels, as the family's attention sets its scaling: from the
+// layer's own q/k head size (DeepSeek: qk_nope + qk_rope head dims), Gemma
+// 2/3's query_pre_attn_scalar, or 1 (Gemma 4); times score_scale.
+inline double softmax_scale_of(const Family& family, const ModelRope& model, std::size_t head_dim) {
+  if (family.unit_scale) return model.score_scale;
+  const double qk_head_dim = static_cast<double>(family.deepseek ? model.qk_head_dim : head_dim);
+  return model.score_scale / std::sqrt(model.query_pre_attn_scalar ? *model.query_pre_attn_scalar : qk_head_dim);
+}
+
+// The factors on q.k before the softmax: the model's (its main kind's).
 inline void read_score_scales(const Config& config, const Reader& main_entry, ModelRope& model) {
   const Family& family = config.context.family;
   if (family.gemma_scalar) model.query_pre_attn_scalar = config.cfg().positive("query_pre_attn_scalar");
   if (family.deepseek && config.block.json != nullptr && model.kinds[0].rope_type != "default") {
     model.score_scale = deepseek_score_scale(main_entry, model.kinds[0]);
   }
-  const double divisor =
-      model.query_pre_attn_scalar ? *model.query_pre_attn_scalar : static_cast<double>(model.qk_head_dim);
-  model.softmax_scale = family.unit_scale ? model.score_scale : model.score_scale / std::sqrt(divisor);
+  model.softmax_scale = softmax_scale_of(family, model, model.kinds[0].head_dim);
 }
 
 // Mistral's llama_4_scaling_beta, or Llama 4's attention temperature tuning.
@@ -256,7 +264,7 @@ inline ModelRope read(const char* fn, const Json& root, const ParseOptions& opti
   for (LayerRope& kind : model.kinds) {
     kind.style = model.style;
     kind.rotary_offset = model.rotary_offset;
-    kind.softmax_scale = model.softmax_scale;
+    kind.softmax_scale = softmax_scale_of(family, model, kind.head_dim);
     if (kind.rotates && kind.rotary_dim == model.rotary_dim) kind.mrope = model.mrope;
   }
   return model;

@@ -457,13 +457,8 @@ def describe(name, root):
         else:
             pair_axes = [0] * section[0] + [1] * section[1] + [2] * section[2]
 
-    # Attention scores.
-    divisor = qk_head_dim
-    if model_type in ("gemma2", "gemma3", "gemma3_text") and cfg.has("query_pre_attn_scalar"):
-        divisor = cfg.get("query_pre_attn_scalar")
-    softmax = divisor ** -0.5
-    if model_type in ("gemma4", "gemma4_text"):
-        softmax = 1.0  # Gemma4TextAttention: scaling = 1.0 (q and k are RMS-normalised)
+    # Attention scores: each layer's attention sets self.scaling from its own q/k head size.
+    mscale = None
     if deepseek and (cfg.d.get("rope_scaling") or cfg.d.get("rope_parameters")) and \
             main_params["rope_type"] != "default":
         mscale_all_dim = main_params.get("mscale_all_dim", 0)
@@ -471,8 +466,20 @@ def describe(name, root):
             factor = main_params["factor"]
             if factor is None:
                 factor = cfg.get("max_position_embeddings") / main_params["original_max_position_embeddings"]
-            m = get_mscale(factor, mscale_all_dim)
-            softmax = softmax * m * m
+            mscale = get_mscale(factor, mscale_all_dim)
+
+    def softmax_of(layer_head_dim):
+        divisor = qk_head_dim if deepseek else layer_head_dim
+        if model_type in ("gemma2", "gemma3", "gemma3_text") and cfg.has("query_pre_attn_scalar"):
+            divisor = cfg.get("query_pre_attn_scalar")
+        scale = divisor ** -0.5
+        if model_type in ("gemma4", "gemma4_text"):
+            scale = 1.0  # Gemma4TextAttention: scaling = 1.0 (q and k are RMS-normalised)
+        if mscale is not None:
+            scale = scale * mscale * mscale  # DeepseekV3Attention: scaling * mscale * mscale
+        return scale
+
+    softmax = softmax_of(main[1])
 
     def query_scale(layer, position):
         beta = main_params.get("llama_4_scaling_beta")
@@ -512,7 +519,8 @@ def describe(name, root):
             switch = params["original_max_position_embeddings"]
         for seq_len in probes.get("seq_lens", [0]):
             probe = {"layer": layer, "layer_type": layer_type_of(layer), "seq_len": seq_len, "rotates": rotates,
-                     "head_dim": dim, "rotary_dim": rotary, "seq_len_switch": switch}
+                     "head_dim": dim, "rotary_dim": rotary, "seq_len_switch": switch, "style": style,
+                     "rotary_offset": offset, "softmax_scale": softmax_of(dim)}
             if rotates:
                 inv, attention = fn(seq_len)
                 probe["inv_freq"] = inv
