@@ -15,6 +15,7 @@ namespace rope::hf::detail {
 
 // What a model family's reference code does beyond the shared rope utilities.
 struct Family {
+  std::string type;  // the family table's model_type
   Style style = Style::rotate_half;
   bool known = false;
   bool deepseek = false;       // rope part = qk_rope_head_dim channels after qk_nope_head_dim; softmax mscale^2
@@ -33,6 +34,19 @@ struct Family {
   bool exaone4 = false;        // with a sliding_window, only sliding-window layers rotate
   bool qwen3_next = false;     // Qwen3NextConfig's defaults: layer_types from full_attention_interval, partial 0.25
   bool nope_interval = false;  // an absent no_rope_layers is built from no_rope_layer_interval (default 4)
+  bool no_rope = false;        // the attention takes no position embedding at all: refused
+  bool attention_multiplier = false;  // softmax scale = attention_multiplier (default 1), Granite's muP
+  bool olmo3 = false;                 // rope entry for full_attention only; sliding layers plain at rope_theta
+  bool require_theta = false;         // the reference's releases default rope_theta differently: it must be given
+  bool require_entry = false;         // the configuration installs its own rope entry when none is given
+  bool conv_mixer = false;            // layer_types "conv" layers are short convolutions: no RoPE (LFM2)
+  bool mamba_mixer = false;         // layer_types "mamba" layers: no RoPE; attention rotates by position_embedding_type
+  bool gemma3n = false;             // Gemma3nTextConfig's defaults and layer pattern; scaling 1
+  bool afmoe = false;               // only sliding layers rotate; pattern global_attn_every_n_layers
+  bool mllama = false;              // cross_attention_layers have no self-attention and no RoPE
+  bool kv_channels = false;         // head size kv_channels (JetMoE's head_dim alias)
+  bool always_interleaved = false;  // MLA pairs (2p, 2p+1) whatever rope_interleave says
+  bool qwen3_5 = false;             // Qwen 3.5: Qwen3-Next's layers with interleaved M-RoPE, sections 11, 11, 10
 };
 
 // The exceptions of a family, as bits of a table row (the fields of Family).
@@ -53,6 +67,19 @@ enum Trait : unsigned {
   kExaone4 = 1u << 12,
   kQwen3Next = 1u << 13,
   kNopeInterval = 1u << 14,
+  kNoRope = 1u << 15,  // refused: no RoPE
+  kAttentionMultiplier = 1u << 16,
+  kOlmo3 = 1u << 17,  // and require_theta
+  kRequireTheta = 1u << 18,
+  kRequireEntry = 1u << 19,
+  kConvMixer = 1u << 20,
+  kMambaMixer = 1u << 21,
+  kGemma3n = 1u << 22,  // and unit_scale
+  kAfmoe = 1u << 23,
+  kMllama = 1u << 24,
+  kKvChannels = 1u << 25,
+  kAlwaysInterleaved = 1u << 26,  // with kDeepseek
+  kQwen3_5 = 1u << 27,            // and the Qwen3-Next traits
 };
 
 struct FamilyRow {
@@ -95,6 +122,11 @@ inline constexpr FamilyRow kFamilies[] = {
     {"ernie4_5_vl_moe", kBlock, kErnieVl},
     {"ernie4_5_vl_moe_text", kBlock, kErnieVl},
     {"helium", kBlock, kPlain},  // modeling_helium rotate_half over x[..., 0::2], x[..., 1::2]
+    // MLA with apply_rotary_pos_emb_interleave: GLM-4.7-Flash follows rope_interleave (default true);
+    // DeepseekV32Attention and GlmMoeDsaAttention always interleave their main attention.
+    {"glm4_moe_lite", kBlock, kDeepseek},
+    {"deepseek_v32", kBlock, kDeepseek | kAlwaysInterleaved},
+    {"glm_moe_dsa", kBlock, kDeepseek | kAlwaysInterleaved},
     // rotate_half: pair p = channels (p, p + r/2).
     {"llama", kHalf, kPlain},
     {"mistral", kHalf, kPlain},
@@ -125,6 +157,16 @@ inline constexpr FamilyRow kFamilies[] = {
     // Gemma4TextAttention: global_head_dim on full_attention layers, scaling = 1.0.
     {"gemma4", kHalf, kGemma4},
     {"gemma4_text", kHalf, kGemma4},
+    // Gemma3nTextConfig: rope_local_base_freq for sliding layers, every 5th layer full; Gemma3nTextAttention scaling 1.
+    {"gemma3n", kHalf, kGemma3n},
+    {"gemma3n_text", kHalf, kGemma3n},
+    {"vaultgemma", kHalf, kGemmaScalar},  // VaultGemmaAttention: scaling = query_pre_attn_scalar ** -0.5
+    // Qwen3_5TextConfig.__post_init__: Qwen3-Next's layer_types and partial 0.25; recomposition_frequencies
+    // interleaves M-RoPE sections (default 11, 11, 10).
+    {"qwen3_5", kHalf, kQwen3_5},
+    {"qwen3_5_text", kHalf, kQwen3_5},
+    {"qwen3_5_moe", kHalf, kQwen3_5},
+    {"qwen3_5_moe_text", kHalf, kQwen3_5},
     {"phi", kHalf, kPlain},
     {"phi3", kHalf, kPhi3},  // Phi3Config: a legacy "type" of "su" / "yarn" is longrope
     {"phimoe", kHalf, kPlain},
@@ -138,8 +180,32 @@ inline constexpr FamilyRow kFamilies[] = {
     {"falcon", kHalf, kPlain},
     {"olmo", kHalf, kPlain},
     {"olmo2", kHalf, kPlain},
-    {"granite", kHalf, kPlain},
-    {"granitemoe", kHalf, kPlain},
+    // GraniteAttention (and its MoE variants): scaling = config.attention_multiplier.
+    {"granite", kHalf, kAttentionMultiplier},
+    {"granitemoe", kHalf, kAttentionMultiplier},
+    {"granitemoeshared", kHalf, kAttentionMultiplier},
+    // GraniteMoeHybridModel: mamba layers, and a rotary embedding only if position_embedding_type == "rope".
+    {"granitemoehybrid", kHalf, kAttentionMultiplier | kMambaMixer},
+    // Olmo3RotaryEmbedding per layer type: rope_scaling merged into full_attention alone.
+    {"olmo3", kHalf, kOlmo3},
+    {"flex_olmo", kHalf, kPlain},  // FlexOlmoConfig default_theta 500000
+    {"bitnet", kHalf, kPlain},     // BitNetConfig default_theta 500000
+    // Lfm2DecoderLayer: only full_attention layers attend (conv layers are short convolutions).
+    {"lfm2", kHalf, kConvMixer},
+    {"lfm2_moe", kHalf, kConvMixer},
+    {"falcon_h1", kHalf, kRequireTheta},  // FalconH1Attention(LlamaAttention); rope_theta's default moved
+    {"afmoe", kHalf, kAfmoe},             // AfmoeAttention.forward: RoPE only if self.is_local_attention
+    {"exaone_moe", kHalf, kExaone4},      // ExaoneMoeAttention: sliding_window is None or is_sliding
+    // MllamaTextCrossAttention layers (cross_attention_layers) take no RoPE; self-attention layers do.
+    {"mllama", kHalf, kMllama},
+    {"mllama_text_model", kHalf, kMllama},
+    {"jetmoe", kHalf, kKvChannels},  // JetMoeAttention: head size kv_channels (attribute_map head_dim)
+    {"seed_oss", kHalf, kPlain},
+    {"arcee", kHalf, kPlain},
+    {"dots1", kHalf, kPlain},
+    // ApertusConfig / CwmConfig.__post_init__ install a llama3 rope entry of their own when none is given.
+    {"apertus", kHalf, kRequireEntry},
+    {"cwm", kHalf, kRequireEntry},
     {"olmoe", kHalf, kPlain},
     {"persimmon", kHalf, kPlain},
     {"smollm3", kHalf, kNopeInterval},  // SmolLM3Attention: use_rope = no_rope_layers[layer_idx]
@@ -147,11 +213,16 @@ inline constexpr FamilyRow kFamilies[] = {
     // ALiBi instead of RoPE: refused.
     {"bloom", kHalf, kAlibi},
     {"mpt", kHalf, kAlibi},
+    // No position embedding in any attention layer (JambaAttention, NemotronHAttention, ZambaAttention): refused.
+    {"jamba", kHalf, kNoRope},
+    {"nemotron_h", kHalf, kNoRope},
+    {"zamba", kHalf, kNoRope},
 };
 
 inline Family family_from_row(const FamilyRow& row) {
   Family f;
   const auto has = [&row](unsigned trait) { return (row.traits & trait) != 0; };
+  f.type = row.model_type;
   f.style = row.style;
   f.known = !has(kAlibi);
   f.deepseek = has(kDeepseek);
@@ -170,6 +241,23 @@ inline Family family_from_row(const FamilyRow& row) {
   f.exaone4 = has(kExaone4);
   f.qwen3_next = has(kQwen3Next);
   f.nope_interval = has(kNopeInterval) || has(kLlama4);
+  f.no_rope = has(kNoRope);
+  f.known = f.known && !f.no_rope;
+  f.attention_multiplier = has(kAttentionMultiplier);
+  f.olmo3 = has(kOlmo3);
+  f.require_theta = has(kRequireTheta) || has(kOlmo3);
+  f.require_entry = has(kRequireEntry);
+  f.conv_mixer = has(kConvMixer);
+  f.mamba_mixer = has(kMambaMixer);
+  f.gemma3n = has(kGemma3n);
+  f.unit_scale = f.unit_scale || f.gemma3n;
+  f.afmoe = has(kAfmoe);
+  f.mllama = has(kMllama);
+  f.kv_channels = has(kKvChannels);
+  f.always_interleaved = has(kAlwaysInterleaved);
+  f.qwen3_5 = has(kQwen3_5);
+  f.qwen3_next = f.qwen3_next || f.qwen3_5;
+  f.linear_nope = f.linear_nope || f.qwen3_5;
   return f;
 }
 
@@ -215,8 +303,13 @@ inline const FamilyRow* family_of_architecture(const std::string& architecture) 
 inline const std::vector<std::string>* known_layer_types(const Family& f, bool local_base) {
   static const std::vector<std::string> sliding = {"full_attention", "sliding_attention"};
   static const std::vector<std::string> linear = {"full_attention", "linear_attention"};
+  static const std::vector<std::string> conv = {"full_attention", "conv"};
+  // GraniteMoeHybrid's own names, and the names its newer configuration remaps them to.
+  static const std::vector<std::string> mamba = {"attention", "mamba", "full_attention", "linear_attention"};
   if (f.linear_nope) return &linear;
-  if (f.cohere2 || f.exaone4 || f.gemma3 || local_base) return &sliding;
+  if (f.conv_mixer) return &conv;
+  if (f.mamba_mixer) return &mamba;
+  if (f.cohere2 || f.exaone4 || f.gemma3 || f.gemma3n || f.afmoe || f.olmo3 || local_base) return &sliding;
   return nullptr;
 }
 
@@ -229,6 +322,33 @@ inline const Json& gemma3_defaults() {
       {"head_dim", 256},         {"num_attention_heads", 8},          {"hidden_size", 2304},
       {"num_hidden_layers", 26}, {"max_position_embeddings", 131072}, {"query_pre_attn_scalar", 256}};
   return d;
+}
+
+// The class defaults of the keys rope reads, for the families whose
+// configuration class defaults them otherwise than the shared rope utilities
+// (rope_theta 10000, head_dim = hidden_size / num_attention_heads); null for
+// the others.
+inline const Json* family_defaults(const std::string& family) {
+  static const Json gemma3n = {{"rope_theta", 1000000.0},
+                               {"rope_local_base_freq", 10000.0},
+                               {"head_dim", 256},
+                               {"max_position_embeddings", 32768}};
+  static const Json theta_1e6 = {{"rope_theta", 1000000.0}};  // Lfm2Config, CwmConfig default_theta
+  static const Json theta_5e5 = {{"rope_theta", 500000.0}};   // FlexOlmo, BitNet, MllamaTextConfig
+  static const Json apertus = {{"rope_theta", 12000000.0}};   // ApertusConfig default_theta
+  static const Json vaultgemma = {{"head_dim", 256}, {"query_pre_attn_scalar", 256}};  // VaultGemmaConfig
+  static const Json qwen3_5 = {{"head_dim", 256}};                                     // Qwen3_5TextConfig
+  static const Json mllama = {{"rope_theta", 500000.0},
+                              {"cross_attention_layers", {3, 8, 13, 18, 23, 28, 33, 38}}};  // MllamaTextConfig
+  if (family == "gemma3" || family == "gemma3_text") return &gemma3_defaults();
+  if (family == "gemma3n" || family == "gemma3n_text") return &gemma3n;
+  if (family == "lfm2" || family == "lfm2_moe" || family == "cwm") return &theta_1e6;
+  if (family == "flex_olmo" || family == "bitnet") return &theta_5e5;
+  if (family == "mllama" || family == "mllama_text_model") return &mllama;
+  if (family == "apertus") return &apertus;
+  if (family == "vaultgemma") return &vaultgemma;
+  if (family.rfind("qwen3_5", 0) == 0) return &qwen3_5;
+  return nullptr;
 }
 
 }  // namespace rope::hf::detail

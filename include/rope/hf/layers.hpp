@@ -45,12 +45,14 @@ inline void require_layers(const Reader& cfg, const ModelRope& model, const std:
 }
 
 // Layer types named by an interval: layer i is full_attention when (i + 1)
-// is a multiple of the interval, else `other`.
+// is a multiple of the interval, else `other`. The interval is the key's
+// value, or `fallback` (always, when key is null: a fixed pattern).
 inline void interval_pattern(Config& config, const ModelRope& model, const char* key, std::size_t fallback,
                              const char* other) {
   if (!config.layer_types.empty()) return;
-  require_layers(config.cfg(), model, "layer_types are built from " + std::string(key));
-  const std::size_t interval = config.cfg().positive_count(key).value_or(fallback);
+  require_layers(config.cfg(), model,
+                 key != nullptr ? "layer_types are built from " + std::string(key) : "layer_types are built from it");
+  const std::size_t interval = key != nullptr ? config.cfg().positive_count(key).value_or(fallback) : fallback;
   for (std::size_t i = 0; i < model.num_layers; ++i) {
     config.layer_types.push_back((i + 1) % interval != 0 ? other : "full_attention");
   }
@@ -84,6 +86,48 @@ inline void exaone4_layer_types(Config& config, const ModelRope& model) {
   sliding_pattern(config, model, 4);
 }
 
+// Lfm2Config without layer_types: full_attention at full_attn_idxs, conv
+// elsewhere; without either, every layer is full_attention. Lfm2MoeConfig
+// builds none: its configs list them.
+inline void lfm2_layer_types(Config& config, const ModelRope& model) {
+  if (!config.layer_types.empty()) return;
+  const Reader& cfg = config.cfg();
+  if (config.context.family.type == "lfm2_moe") cfg.missing("layer_types", "Lfm2MoeConfig builds none");
+  require_layers(cfg, model, "layer_types are built from full_attn_idxs");
+  const auto idxs = cfg.count_list("full_attn_idxs");
+  for (std::size_t i = 0; i < model.num_layers; ++i) {
+    const bool full = !idxs || std::find(idxs->begin(), idxs->end(), i) != idxs->end();
+    config.layer_types.push_back(full ? "full_attention" : "conv");
+  }
+  if (idxs) {
+    for (std::size_t k = 0; k < idxs->size(); ++k) {
+      if ((*idxs)[k] >= model.num_layers) {
+        fail(cfg.fn(), rope::detail::indexed(cfg.path("full_attn_idxs"), k),
+             "a layer index < num_hidden_layers = " + to_text(model.num_layers), (*idxs)[k]);
+      }
+    }
+  }
+}
+
+// GraniteMoeHybridConfig: layer_types, or layers_block_type (its alias),
+// else every layer "mamba".
+inline void granite_hybrid_layer_types(Config& config, const ModelRope& model) {
+  if (!config.layer_types.empty()) return;
+  const Reader& cfg = config.cfg();
+  if (const Json* types = cfg.find("layers_block_type")) {
+    if (!types->is_array()) cfg.bad("layers_block_type", "a list of strings", *types);
+    for (std::size_t i = 0; i < types->size(); ++i) {
+      if (!(*types)[i].is_string()) {
+        fail(cfg.fn(), rope::detail::indexed(cfg.path("layers_block_type"), i), "a string", (*types)[i].dump());
+      }
+      config.layer_types.push_back((*types)[i].get<std::string>());
+    }
+    return;
+  }
+  require_layers(cfg, model, "every layer is mamba without layer_types");
+  config.layer_types.assign(model.num_layers, "mamba");
+}
+
 // num_hidden_layers and the type of each layer (layer_types, or a pattern).
 inline void read_layer_types(Config& config, ModelRope& model) {
   const Reader& cfg = config.cfg();
@@ -101,6 +145,13 @@ inline void read_layer_types(Config& config, ModelRope& model) {
       config.layer_types.push_back((*types)[i].get<std::string>());
     }
   }
+  // Gemma3nTextConfig, Olmo3Config: every 5th / 4th layer is full attention.
+  if (family.gemma3n) interval_pattern(config, model, nullptr, 5, "sliding_attention");
+  if (family.olmo3) interval_pattern(config, model, nullptr, 4, "sliding_attention");
+  // AfmoeConfig: every global_attn_every_n_layers-th layer (default 4).
+  if (family.afmoe) interval_pattern(config, model, "global_attn_every_n_layers", 4, "sliding_attention");
+  if (family.conv_mixer) lfm2_layer_types(config, model);
+  if (family.mamba_mixer) granite_hybrid_layer_types(config, model);
   if (family.gemma3 || cfg.has("rope_local_base_freq")) sliding_pattern(config, model, 6);
   if (family.cohere2) sliding_pattern(config, model, 4);
   if (family.exaone4) exaone4_layer_types(config, model);
@@ -166,6 +217,11 @@ inline LayerRope rotating_kind(const Config& config, const std::string& type) {
     }
     return read_kind(c, config.entry(&*it, path), type, head_dim_for(config, type));
   }
+  if (c.family.olmo3 && type == "sliding_attention") {
+    // Olmo3Config: sliding layers keep the default rope at rope_theta; the
+    // rope entry (its scaling) is the full-attention layers' alone.
+    return read_kind(c, config.entry(nullptr, ""), type, head_dim_for(config, type));
+  }
   if (local_base(config) && type == "sliding_attention") {
     // Gemma3TextConfig: rope_parameters["sliding_attention"] is the default
     // rope at rope_local_base_freq; rope_scaling goes to full_attention only.
@@ -195,6 +251,23 @@ inline std::vector<std::size_t> rotating_layer_flags(const Config& config, Model
   return flags;
 }
 
+// MllamaTextModel: the layers of cross_attention_layers are cross-attention
+// layers (no self-attention, no RoPE); flag 1 = a self-attention layer.
+inline std::vector<std::size_t> self_attention_flags(const Config& config, ModelRope& model) {
+  const Reader& cfg = config.cfg();
+  require_layers(cfg, model, "cross_attention_layers index the layers");
+  const auto cross = cfg.count_list("cross_attention_layers").value_or(std::vector<std::size_t>{});
+  std::vector<std::size_t> flags(model.num_layers, 1);
+  for (std::size_t k = 0; k < cross.size(); ++k) {
+    if (cross[k] >= model.num_layers) {
+      fail(cfg.fn(), rope::detail::indexed(cfg.path("cross_attention_layers"), k),
+           "a layer index < num_hidden_layers = " + to_text(model.num_layers), cross[k]);
+    }
+    flags[cross[k]] = 0;
+  }
+  return flags;
+}
+
 // Whether a layer of this type rotates, as the family's attention decides:
 // Qwen3-Next's and MiniMax-style linear_attention layers are gated-delta /
 // lightning mixers without position embedding (Qwen3NextDecoderLayer
@@ -206,7 +279,13 @@ inline std::vector<std::size_t> rotating_layer_flags(const Config& config, Model
 inline bool type_rotates(const Config& config, const std::string& type) {
   const Family& f = config.context.family;
   if (f.linear_nope && type == "linear_attention") return false;
-  if (f.cohere2) return type == "sliding_attention";
+  if (f.conv_mixer) return type == "full_attention";  // Lfm2DecoderLayer: is_attention_layer
+  if (f.mamba_mixer) {
+    // GraniteMoeHybridModel: rotary_emb only if position_embedding_type == "rope".
+    const bool attention = type == "attention" || type == "full_attention";
+    return attention && config.cfg().string("position_embedding_type").value_or("") == "rope";
+  }
+  if (f.cohere2 || f.afmoe) return type == "sliding_attention";
   if (f.exaone4 && exaone4_windowed(config.cfg())) return type == "sliding_attention";
   return true;
 }
@@ -221,6 +300,7 @@ inline void read_kinds(const Config& config, ModelRope& model) {
   if (cfg.has("no_rope_layers") || cfg.has("no_rope_layer_interval") || family.nope_interval) {
     flags = rotating_layer_flags(config, model);
   }
+  if (family.mllama) flags = self_attention_flags(config, model);
   if (!types.empty()) {
     if (model.num_layers == 0) model.num_layers = types.size();
     if (types.size() != model.num_layers) {

@@ -18,6 +18,7 @@ inline std::optional<PairAxes> pair_axes(const Context& c, const Reader& entry, 
   std::optional<std::vector<std::size_t>> s = entry.count_list("mrope_section");
   if (!s && c.family.qwen3_vl) s = std::vector<std::size_t>{24, 20, 20};
   if (!s && c.family.ernie_vl) s = std::vector<std::size_t>{22, 22, 20};
+  if (!s && c.family.qwen3_5) s = std::vector<std::size_t>{11, 11, 10};
   if (!s) return std::nullopt;
   const std::size_t pairs = rotary_dim / 2;
   const Json shown(*s);
@@ -31,7 +32,7 @@ inline std::optional<PairAxes> pair_axes(const Context& c, const Reader& entry, 
     if ((*s)[0] != (*s)[1]) fail(entry.fn(), entry.path("mrope_section"), "equal h and w sections", shown.dump());
     return PairAxes::hw_alternating((*s)[0] + (*s)[1], pairs);
   }
-  const bool interleaved = c.family.qwen3_vl || entry.flag("mrope_interleaved", false);
+  const bool interleaved = c.family.qwen3_vl || c.family.qwen3_5 || entry.flag("mrope_interleaved", false);
   try {
     return PairAxes::sections(
         MropeSections{{(*s)[0], (*s)[1], (*s)[2]}, interleaved ? SectionOrder::interleaved : SectionOrder::chunked},

@@ -113,13 +113,19 @@ inline Family model_family(const char* fn, const Json& root, const TextModel& te
   if (family.alibi || (model.family == "falcon" && bare.flag("alibi", false))) {
     fail(fn, text.prefix + "model_type", "a model with RoPE (this one uses ALiBi)", Json(model.model_type).dump());
   }
+  if (family.no_rope) {
+    fail(fn, text.prefix + "model_type", "a model with RoPE (this family's attention takes no position embedding)",
+         Json(model.model_type).dump());
+  }
   return family;
 }
 
 inline void choose_pairing(const Family& family, const Reader& cfg, const ParseOptions& options, ModelRope& model) {
   model.style = family.style;
   model.style_known = family.known;
-  if (family.deepseek && !cfg.flag("rope_interleave", true)) model.style = Style::rotate_half;
+  if (family.deepseek && !family.always_interleaved && !cfg.flag("rope_interleave", true)) {
+    model.style = Style::rotate_half;
+  }
   if (options.style) model.style = *options.style;
 }
 
@@ -145,7 +151,7 @@ inline void read_head_dims(Context& c, ModelRope& model) {
     model.rotary_offset = *nope_dim;
     model.qk_head_dim = *nope_dim + *rope_dim;
   } else {
-    c.head_dim = cfg.positive_count(c.family.chatglm ? "kv_channels" : "head_dim").value_or(0);
+    c.head_dim = cfg.positive_count(c.family.chatglm || c.family.kv_channels ? "kv_channels" : "head_dim").value_or(0);
     if (c.head_dim == 0) c.head_dim = derived_head_dim(cfg, hidden, heads);
   }
   if (c.head_dim == 0) fail(cfg.fn(), cfg.path("head_dim"), "> 0 (hidden_size / num_attention_heads)", 0);
@@ -204,21 +210,51 @@ inline double deepseek_score_scale(const Reader& main_entry, const LayerRope& pr
 // The factor on q.k before the softmax of a layer whose rotary part lies in
 // head_dim channels, as the family's attention sets its scaling: from the
 // layer's own q/k head size (DeepSeek: qk_nope + qk_rope head dims), Gemma
-// 2/3's query_pre_attn_scalar, or 1 (Gemma 4); times score_scale.
-inline double softmax_scale_of(const Family& family, const ModelRope& model, std::size_t head_dim) {
+// 2/3's query_pre_attn_scalar, Granite's attention_multiplier, or 1 (Gemma
+// 3n, Gemma 4); times score_scale.
+inline double softmax_scale_of(const Family& family, const ModelRope& model, std::size_t head_dim,
+                               double attention_multiplier) {
+  if (family.attention_multiplier) return attention_multiplier;
   if (family.unit_scale) return model.score_scale;
   const double qk_head_dim = static_cast<double>(family.deepseek ? model.qk_head_dim : head_dim);
   return model.score_scale / std::sqrt(model.query_pre_attn_scalar ? *model.query_pre_attn_scalar : qk_head_dim);
 }
 
-// The factors on q.k before the softmax: the model's (its main kind's).
+// The factors on q.k before the softmax, the model's (its main kind's) and
+// each kind's.
 inline void read_score_scales(const Config& config, const Reader& main_entry, ModelRope& model) {
   const Family& family = config.context.family;
   if (family.gemma_scalar) model.query_pre_attn_scalar = config.cfg().positive("query_pre_attn_scalar");
   if (family.deepseek && config.block.json != nullptr && model.kinds[0].rope_type != "default") {
     model.score_scale = deepseek_score_scale(main_entry, model.kinds[0]);
   }
-  model.softmax_scale = softmax_scale_of(family, model, model.kinds[0].head_dim);
+  // GraniteConfig's attention_multiplier defaults to 1.
+  const double multiplier =
+      family.attention_multiplier ? config.cfg().positive("attention_multiplier").value_or(1.0) : 1.0;
+  model.softmax_scale = softmax_scale_of(family, model, model.kinds[0].head_dim, multiplier);
+  for (LayerRope& kind : model.kinds) kind.softmax_scale = softmax_scale_of(family, model, kind.head_dim, multiplier);
+}
+
+// A config a family's configuration would complete on its own in a way rope
+// does not model: refused, saying what to give.
+inline void require_family_keys(const Config& config) {
+  const Family& family = config.context.family;
+  if (family.require_entry && config.block.json == nullptr) {
+    config.cfg().missing("rope_scaling", "or rope_parameters: without one, " + family.type +
+                                             "'s configuration installs a llama3 entry of its own, which rope does "
+                                             "not guess");
+  }
+}
+
+// A model none of whose layers applies RoPE has nothing for rope to do.
+inline void require_rotating_layer(const Config& config, const ModelRope& model) {
+  for (const LayerRope& kind : model.kinds) {
+    if (kind.rotates) return;
+  }
+  fail(config.cfg().fn(), config.prefix + "model_type",
+       "a model with RoPE (no layer of this config applies it" +
+           std::string(config.context.family.mamba_mixer ? ": position_embedding_type is not \"rope\")" : ")"),
+       Json(model.model_type).dump());
 }
 
 // Mistral's llama_4_scaling_beta, or Llama 4's attention temperature tuning.
@@ -243,7 +279,7 @@ inline ModelRope read(const char* fn, const Json& root, const ParseOptions& opti
   const TextModel text = text_model(fn, root);
   ModelRope model;
   const Family family = model_family(fn, root, text, options, model);
-  const Reader cfg(fn, text.keys, text.prefix, family.gemma3 ? &gemma3_defaults() : nullptr);
+  const Reader cfg(fn, text.keys, text.prefix, family_defaults(family.type));
   Config config;
   config.context.cfg = &cfg;
   config.context.family = family;
@@ -252,10 +288,12 @@ inline ModelRope read(const char* fn, const Json& root, const ParseOptions& opti
   read_head_dims(config.context, model);
   read_shared_keys(config.context, model);
   config.block = find_rope_block(cfg);
+  require_family_keys(config);
   read_layer_types(config, model);
   config.context.per_layer = entries_per_layer_type(config.block, config.layer_types);
-  config.context.per_layer_type_params = config.context.per_layer || local_base(config);
+  config.context.per_layer_type_params = config.context.per_layer || local_base(config) || family.olmo3;
   read_kinds(config, model);
+  require_rotating_layer(config, model);
   put_main_kind_first(family, model);
   const Reader main_entry = main_kind_entry(config, model);
   model.mrope = pair_axes(config.context, main_entry, model.rotary_dim);
@@ -264,7 +302,6 @@ inline ModelRope read(const char* fn, const Json& root, const ParseOptions& opti
   for (LayerRope& kind : model.kinds) {
     kind.style = model.style;
     kind.rotary_offset = model.rotary_offset;
-    kind.softmax_scale = softmax_scale_of(family, model, kind.head_dim);
     if (kind.rotates && kind.rotary_dim == model.rotary_dim) kind.mrope = model.mrope;
   }
   return model;

@@ -251,6 +251,9 @@ inline LayerRope read_kind(const Context& c, const Reader& entry, std::string la
   kind.head_dim = head_dim;
   const RopeType type = rope_type_of(c, entry);
   kind.rope_type = type.name;
+  if (c.family.require_theta && !entry.has("rope_theta") && !c.top_theta) {
+    entry.missing("rope_theta", "the reference's releases default it differently for " + c.family.type);
+  }
   kind.base = entry.positive("rope_theta").value_or(c.top_theta.value_or(10000.0));
   if (c.family.chatglm) kind.base = 10000.0 * c.cfg->positive("rope_ratio").value_or(1.0);
   const Partial partial = partial_rotary(c, entry);

@@ -67,6 +67,9 @@ ROTATION_OF_FAMILY = {
     "helium": "repeat_interleave",
     # modeling_llama4 apply_rotary_emb: view_as_complex, freqs_cis.
     "llama4": "complex", "llama4_text": "complex",
+    # modeling_glm4_moe_lite (rope_interleave, default true), modeling_deepseek_v32 and modeling_glm_moe_dsa
+    # (always, for the main attention): apply_rotary_pos_emb_interleave.
+    "glm4_moe_lite": "deinterleave", "deepseek_v32": "deinterleave", "glm_moe_dsa": "deinterleave",
 }
 # Every other family covered uses the llama-style rotate_half of its own
 # modeling file (modeling_<family>.rotate_half: cat(-x2, x1)).
@@ -77,7 +80,18 @@ HALF_FAMILIES = {
     "qwen2", "qwen2_5_vl", "qwen2_5_vl_text", "qwen2_moe", "qwen2_vl", "qwen2_vl_text", "qwen3", "qwen3_moe",
     "qwen3_next", "qwen3_vl", "qwen3_vl_moe", "qwen3_vl_moe_text", "qwen3_vl_text", "smollm3", "stablelm",
     "starcoder2",
+    # Read for this release: each modeling file's rotate_half (cat(-x2, x1)).
+    "gemma3n", "gemma3n_text", "vaultgemma", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+    "granitemoeshared", "granitemoehybrid", "olmo3", "flex_olmo", "bitnet", "lfm2", "lfm2_moe", "falcon_h1",
+    "afmoe", "exaone_moe", "mllama", "mllama_text_model", "jetmoe", "seed_oss", "arcee", "dots1", "apertus",
+    "cwm",
 }
+# MLA families: rotary part qk_rope_head_dim channels after qk_nope_head_dim.
+MLA_FAMILIES = {"deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa"}
+# MLA families whose main attention interleaves whatever rope_interleave says.
+ALWAYS_INTERLEAVED = {"deepseek_v32", "glm_moe_dsa"}
+QWEN3_NEXT_LAYERS = {"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
+GRANITE = {"granite", "granitemoe", "granitemoeshared", "granitemoehybrid"}
 for _family in HALF_FAMILIES:
     ROTATION_OF_FAMILY.setdefault(_family, "rotate_half")
 
@@ -105,6 +119,21 @@ GEMMA3_TEXT_DEFAULTS = {
     "num_attention_heads": 8, "hidden_size": 2304, "num_hidden_layers": 26, "max_position_embeddings": 131_072,
     "query_pre_attn_scalar": 256,
 }
+# Other configuration classes' defaults that differ from the shared ones (default_theta 10000).
+CLASS_DEFAULTS = {
+    # Gemma3nTextConfig: default_theta {"global": 1e6, "local": 1e4}, head_dim 256, max_position_embeddings 32768.
+    "gemma3n": {"rope_theta": 1e6, "rope_local_base_freq": 1e4, "head_dim": 256, "max_position_embeddings": 32768},
+    "lfm2": {"rope_theta": 1e6}, "lfm2_moe": {"rope_theta": 1e6}, "cwm": {"rope_theta": 1e6},
+    "flex_olmo": {"rope_theta": 5e5}, "bitnet": {"rope_theta": 5e5},
+    "mllama": {"rope_theta": 5e5, "cross_attention_layers": [3, 8, 13, 18, 23, 28, 33, 38]},
+    "apertus": {"rope_theta": 1.2e7},
+    "vaultgemma": {"head_dim": 256, "query_pre_attn_scalar": 256},
+    "qwen3_5": {"head_dim": 256},
+}
+for _a, _b in (("gemma3n_text", "gemma3n"), ("mllama_text_model", "mllama"), ("qwen3_5_text", "qwen3_5"),
+               ("qwen3_5_moe", "qwen3_5"), ("qwen3_5_moe_text", "qwen3_5")):
+    CLASS_DEFAULTS[_a] = CLASS_DEFAULTS[_b]
+
 # GPT-J / CodeGen attribute_map.
 ALIASES = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer",
            "max_position_embeddings": "n_positions"}
@@ -130,6 +159,17 @@ PROBES = {
     "constructed_smollm3_interval_default.json": {"layers": [0, 3, 4, 7]},
     "constructed_exaone4_window_defaults.json": {"layers": [0, 3, 4, 7]},
     "constructed_exaone4_no_window.json": {"layers": [0, 3]},
+    "constructed_olmo3_yarn_full_only.json": {"layers": [0, 3, 7]},
+    "constructed_lfm2_conv_layers.json": {"layers": [0, 2]},
+    "constructed_lfm2_full_attn_idxs_defaults.json": {"layers": [0, 2, 5]},
+    "constructed_granitemoehybrid_rope.json": {"layers": [0, 3]},
+    "constructed_gemma3n_text_config.json": {"layers": [0, 4, 9]},
+    "constructed_vaultgemma_defaults.json": {"layers": [0, 1]},
+    "constructed_qwen3_5_text_config.json": {"layers": [0, 3]},
+    "constructed_afmoe_sliding_rope.json": {"layers": [0, 3]},
+    "constructed_exaone_moe_global_nope.json": {"layers": [0, 3]},
+    "constructed_mllama_cross_attention.json": {"layers": [0, 3, 8, 9]},
+    "constructed_cwm_llama3.json": {"layers": [0, 1]},
 }
 
 
@@ -289,7 +329,7 @@ def standardize(cfg, model_type, per_layer_types):
         entry.setdefault("rope_theta", theta)
         if partial is not None:
             entry["partial_rotary_factor"] = partial
-        elif model_type == "qwen3_next":
+        elif model_type in QWEN3_NEXT_LAYERS:
             # Qwen3NextConfig.__post_init__: kwargs.setdefault("partial_rotary_factor", 0.25), which the
             # standardisation sets on the parameters as a default (their own value wins).
             entry.setdefault("partial_rotary_factor", 0.25)
@@ -312,12 +352,13 @@ def describe(name, root):
                 model_type = family_of_architecture(arch)
                 break
     gemma3 = model_type in ("gemma3", "gemma3_text")
-    cfg = Config(cfg_dict, GEMMA3_TEXT_DEFAULTS if gemma3 else None)
-    deepseek = model_type in ("deepseek_v2", "deepseek_v3")
+    gemma3n = model_type in ("gemma3n", "gemma3n_text")
+    cfg = Config(cfg_dict, GEMMA3_TEXT_DEFAULTS if gemma3 else CLASS_DEFAULTS.get(model_type))
+    deepseek = model_type in MLA_FAMILIES
     chatglm = model_type == "chatglm"
 
     style = pairing_of(model_type)
-    if deepseek and not cfg.d.get("rope_interleave", True):
+    if deepseek and model_type not in ALWAYS_INTERLEAVED and not cfg.d.get("rope_interleave", True):
         style = "rotate_half"
 
     # Head and rotary sizes.
@@ -325,7 +366,8 @@ def describe(name, root):
         head_dim = cfg.get("qk_rope_head_dim")
         offset = cfg.get("qk_nope_head_dim")
         qk_head_dim = offset + head_dim
-    elif chatglm:
+    elif chatglm or model_type == "jetmoe":
+        # ChatGLM's kv_channels; JetMoeConfig's attribute_map head_dim -> kv_channels.
         head_dim = cfg.get("kv_channels") or cfg.get("hidden_size") // cfg.get("num_attention_heads")
         offset, qk_head_dim = 0, head_dim
     else:
@@ -340,21 +382,41 @@ def describe(name, root):
         layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
     # Exaone4Config: sliding_window is a field defaulting to 4096 (an absent key keeps it), None only when
     # the config says null.
-    exaone4_window = model_type == "exaone4" and not ("sliding_window" in cfg.d and cfg.d["sliding_window"] is None)
-    if layer_types is None and model_type == "exaone4":
+    exaone4_window = model_type in ("exaone4", "exaone_moe") and not ("sliding_window" in cfg.d and cfg.d["sliding_window"] is None)
+    if layer_types is None and model_type in ("gemma3n", "gemma3n_text", "olmo3"):
+        # Gemma3nTextConfig / Olmo3Config.__post_init__: every 5th / 4th layer is full attention.
+        every = 5 if gemma3n else 4
+        layer_types = ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(num_layers)]
+    if layer_types is None and model_type == "afmoe":
+        every = cfg.get("global_attn_every_n_layers", 4)
+        layer_types = ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(num_layers)]
+    if layer_types is None and model_type == "lfm2":
+        # Lfm2Config: full_attention at full_attn_idxs (all layers when absent), conv elsewhere.
+        idxs = cfg.get("full_attn_idxs")
+        layer_types = ["full_attention" if idxs is None or i in idxs else "conv" for i in range(num_layers)]
+    if layer_types is None and model_type == "granitemoehybrid":
+        layer_types = cfg.get("layers_block_type") or ["mamba"] * num_layers
+    if layer_types is None and model_type in ("exaone4", "exaone_moe"):
         # Exaone4Config.__post_init__: a None sliding_window sets sliding_window_pattern to 0; layer_types are
         # "sliding_attention" where (i + 1) % sliding_window_pattern (default 4) is non-zero.
         pattern = cfg.d.get("sliding_window_pattern", 4) if exaone4_window else 0
         layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
-    if layer_types is None and model_type == "qwen3_next":
+    if layer_types is None and model_type in QWEN3_NEXT_LAYERS:
         # Qwen3NextConfig.__post_init__: interval = kwargs.pop("full_attention_interval", 4); layer i is
         # "linear_attention" where (i + 1) % interval is non-zero, else "full_attention".
         interval = cfg.get("full_attention_interval", 4)
         layer_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(num_layers)]
     entries = standardize(cfg, model_type, layer_types)
-    local_base = gemma3 or cfg.has("rope_local_base_freq")
+    local_base = gemma3 or gemma3n or cfg.has("rope_local_base_freq")
+    olmo3 = model_type == "olmo3"
     if None not in entries:
         cfg.rope_parameters = entries
+    elif olmo3:
+        # Olmo3Config.convert_rope_params_to_dict: both layer types start as the default rope; rope_scaling
+        # updates full_attention only.
+        cfg.rope_parameters = {"full_attention": entries[None],
+                               "sliding_attention": {"rope_type": "default",
+                                                     "rope_theta": entries[None]["rope_theta"]}}
     elif local_base:
         # Gemma3TextConfig folds rope_local_base_freq into per-layer-type parameters.
         cfg.rope_parameters = {"full_attention": entries[None],
@@ -390,7 +452,7 @@ def describe(name, root):
     def params_of(layer_type):
         if None not in entries:
             return entries[layer_type]
-        if local_base and layer_type == "sliding_attention":
+        if (local_base or olmo3) and layer_type == "sliding_attention":
             return cfg.rope_parameters["sliding_attention"]
         return entries[None]
 
@@ -406,8 +468,17 @@ def describe(name, root):
         t = layer_types[i] if layer_types else None
         if flags is not None and not flags[i]:
             return False
-        if model_type == "qwen3_next" and t == "linear_attention":
+        if model_type in QWEN3_NEXT_LAYERS and t == "linear_attention":
             return False  # Qwen3NextDecoderLayer: linear_attn (gated delta net) gets no position embeddings
+        if model_type in ("lfm2", "lfm2_moe"):
+            return t == "full_attention"  # Lfm2DecoderLayer: conv layers are short convolutions
+        if model_type == "granitemoehybrid":
+            # GraniteMoeHybridModel builds a rotary embedding only for position_embedding_type "rope".
+            return t in ("attention", "full_attention") and cfg.get("position_embedding_type") == "rope"
+        if model_type == "afmoe":
+            return t == "sliding_attention"  # AfmoeAttention: rotary only if self.is_local_attention
+        if model_type in ("mllama", "mllama_text_model") and i in cfg.get("cross_attention_layers"):
+            return False  # MllamaCrossAttentionDecoderLayer: no self-attention, no RoPE
         if model_type == "cohere2":
             return t == "sliding_attention"  # Cohere2Attention: RoPE only where sliding_window is set
         if exaone4_window:
@@ -437,6 +508,9 @@ def describe(name, root):
     # M-RoPE: the (t, h, w) axis of each pair.
     section = main_params.get("mrope_section")
     qwen3_vl = model_type in ("qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text")
+    qwen3_5 = model_type in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+    if section is None and qwen3_5:
+        section = [11, 11, 10]  # Qwen3_5TextConfig's mrope_section
     ernie_vl = model_type in ("ernie4_5_vl_moe", "ernie4_5_vl_moe_text")
     if section is None and qwen3_vl:
         section = [24, 20, 20]
@@ -449,7 +523,7 @@ def describe(name, root):
             # freq_hw = stack(h, w) of the pre-split even / odd pairs, then t.
             hw = section[0] + section[1]
             pair_axes = [(1 if p % 2 == 0 else 2) if p < hw else 0 for p in range(pairs)]
-        elif qwen3_vl or main_params.get("mrope_interleaved"):
+        elif qwen3_vl or qwen3_5 or main_params.get("mrope_interleaved"):
             pair_axes = [0] * pairs
             for axis, offset_ in ((1, 1), (2, 2)):
                 for p in range(offset_, section[axis] * 3, 3):
@@ -470,11 +544,13 @@ def describe(name, root):
 
     def softmax_of(layer_head_dim):
         divisor = qk_head_dim if deepseek else layer_head_dim
-        if model_type in ("gemma2", "gemma3", "gemma3_text") and cfg.has("query_pre_attn_scalar"):
+        if model_type in ("gemma2", "gemma3", "gemma3_text", "vaultgemma") and cfg.has("query_pre_attn_scalar"):
             divisor = cfg.get("query_pre_attn_scalar")
         scale = divisor ** -0.5
-        if model_type in ("gemma4", "gemma4_text"):
-            scale = 1.0  # Gemma4TextAttention: scaling = 1.0 (q and k are RMS-normalised)
+        if model_type in ("gemma4", "gemma4_text", "gemma3n", "gemma3n_text"):
+            scale = 1.0  # Gemma4TextAttention / Gemma3nTextAttention: scaling = 1.0 (q and k are RMS-normalised)
+        if model_type in GRANITE:
+            return cfg.get("attention_multiplier", 1.0)  # GraniteAttention: scaling = config.attention_multiplier
         if mscale is not None:
             scale = scale * mscale * mscale  # DeepseekV3Attention: scaling * mscale * mscale
         return scale
