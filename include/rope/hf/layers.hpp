@@ -86,6 +86,16 @@ inline void exaone4_layer_types(Config& config, const ModelRope& model) {
   sliding_pattern(config, model, 4);
 }
 
+// A list of layer type names under key.
+inline void read_type_list(const Reader& cfg, const char* key, std::vector<std::string>& out) {
+  const Json& types = *cfg.find(key);
+  if (!types.is_array()) cfg.bad(key, "a list of strings", types);
+  for (std::size_t i = 0; i < types.size(); ++i) {
+    if (!types[i].is_string()) fail(cfg.fn(), rope::detail::indexed(cfg.path(key), i), "a string", types[i].dump());
+    out.push_back(types[i].get<std::string>());
+  }
+}
+
 // Lfm2Config without layer_types: full_attention at full_attn_idxs, conv
 // elsewhere; without either, every layer is full_attention. Lfm2MoeConfig
 // builds none: its configs list them.
@@ -114,14 +124,8 @@ inline void lfm2_layer_types(Config& config, const ModelRope& model) {
 inline void granite_hybrid_layer_types(Config& config, const ModelRope& model) {
   if (!config.layer_types.empty()) return;
   const Reader& cfg = config.cfg();
-  if (const Json* types = cfg.find("layers_block_type")) {
-    if (!types->is_array()) cfg.bad("layers_block_type", "a list of strings", *types);
-    for (std::size_t i = 0; i < types->size(); ++i) {
-      if (!(*types)[i].is_string()) {
-        fail(cfg.fn(), rope::detail::indexed(cfg.path("layers_block_type"), i), "a string", (*types)[i].dump());
-      }
-      config.layer_types.push_back((*types)[i].get<std::string>());
-    }
+  if (cfg.has("layers_block_type")) {
+    read_type_list(cfg, "layers_block_type", config.layer_types);
     return;
   }
   require_layers(cfg, model, "every layer is mamba without layer_types");
@@ -136,15 +140,7 @@ inline void read_layer_types(Config& config, ModelRope& model) {
                            : cfg.has("num_layers")      ? cfg.positive_count("num_layers")
                                                         : cfg.positive_count("n_layer");
   model.num_layers = layer_count.value_or(0);
-  if (const Json* types = cfg.find("layer_types")) {
-    if (!types->is_array()) cfg.bad("layer_types", "a list of strings", *types);
-    for (std::size_t i = 0; i < types->size(); ++i) {
-      if (!(*types)[i].is_string()) {
-        fail(cfg.fn(), rope::detail::indexed(cfg.path("layer_types"), i), "a string", (*types)[i].dump());
-      }
-      config.layer_types.push_back((*types)[i].get<std::string>());
-    }
-  }
+  if (cfg.has("layer_types")) read_type_list(cfg, "layer_types", config.layer_types);
   // Gemma3nTextConfig, Olmo3Config: every 5th / 4th layer is full attention.
   if (family.gemma3n) interval_pattern(config, model, nullptr, 5, "sliding_attention");
   if (family.olmo3) interval_pattern(config, model, nullptr, 4, "sliding_attention");
