@@ -9,19 +9,26 @@
 # Each part has its own export file, loaded by ropeConfig.cmake only when its
 # dependency is there, so a user without Eigen (or nlohmann_json) can find
 # and use the core.
-# rope::dispatch is the one compiled part: a library (static unless
-# BUILD_SHARED_LIBS) under the library directory, exported with its
-# location; it needs nothing the core does not.
+# rope::dispatch and, with ROPE_HF_CONFIG_LIBRARY, the config reader are the
+# compiled parts: libraries (static unless BUILD_SHARED_LIBS) under the
+# library directory, exported with their locations.
 include(CMakePackageConfigHelpers)
 set(ROPE_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/rope")
 set(ROPE_PKGCONFIG_DIR "${CMAKE_INSTALL_DATADIR}/pkgconfig")
 
-# Configured with rope::dispatch, an install before the build would stop
-# halfway on a missing file without saying why: stop first, saying it.
+# Configured with a compiled part (rope::dispatch, the config reader
+# library), an install before the build would stop halfway on a missing file
+# without saying why: stop first, saying it.
 if(TARGET rope_dispatch)
   install(CODE "
     if(NOT EXISTS \"$<TARGET_FILE:rope_dispatch>\")
       message(FATAL_ERROR \"rope: rope::dispatch (ROPE_DISPATCH=${ROPE_DISPATCH}) is not built: run 'cmake --build ${CMAKE_BINARY_DIR}' before 'cmake --install', or configure with -DROPE_DISPATCH=OFF for the headers alone\")
+    endif()")
+endif()
+if(TARGET rope_hf_config_reader)
+  install(CODE "
+    if(NOT EXISTS \"$<TARGET_FILE:rope_hf_config_reader>\")
+      message(FATAL_ERROR \"rope: the config reader library (ROPE_HF_CONFIG_LIBRARY=ON) is not built: run 'cmake --build ${CMAKE_BINARY_DIR}' before 'cmake --install', or configure with -DROPE_HF_CONFIG_LIBRARY=OFF for the headers alone\")
     endif()")
 endif()
 install(DIRECTORY include/rope DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
@@ -33,7 +40,14 @@ if(TARGET rope_attention)
   install(EXPORT ropeAttentionTargets NAMESPACE rope:: DESTINATION "${ROPE_CMAKE_DIR}")
   list(APPEND ROPE_COMPONENTS attention)
 endif()
-if(TARGET rope_hf_config)
+if(TARGET rope_hf_config_reader)
+  install(TARGETS rope_hf_config rope_hf_config_reader EXPORT ropeHfConfigTargets
+    ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}"
+    LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}"
+    RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}")
+  install(EXPORT ropeHfConfigTargets NAMESPACE rope:: DESTINATION "${ROPE_CMAKE_DIR}")
+  list(APPEND ROPE_COMPONENTS hf_config)
+elseif(TARGET rope_hf_config)
   install(TARGETS rope_hf_config EXPORT ropeHfConfigTargets)
   install(EXPORT ropeHfConfigTargets NAMESPACE rope:: DESTINATION "${ROPE_CMAKE_DIR}")
   list(APPEND ROPE_COMPONENTS hf_config)
@@ -51,9 +65,10 @@ configure_package_config_file(cmake/ropeConfig.cmake.in
   "${CMAKE_CURRENT_BINARY_DIR}/ropeConfig.cmake"
   INSTALL_DESTINATION "${ROPE_CMAKE_DIR}")
 # Before 1.0 a minor version may break the API: 0.1 accepts 0.1.x only.
-# Headers alone serve every architecture (ARCH_INDEPENDENT); with the compiled
-# rope::dispatch the package is for the pointer size it was built for.
-if(TARGET rope_dispatch)
+# Headers alone serve every architecture (ARCH_INDEPENDENT); with a compiled
+# part (rope::dispatch, the config reader library) the package is for the
+# pointer size it was built for.
+if(TARGET rope_dispatch OR TARGET rope_hf_config_reader)
   set(_rope_arch_independent "")
 else()
   set(_rope_arch_independent ARCH_INDEPENDENT)
@@ -66,7 +81,7 @@ install(FILES
   cmake/ropeXtlShim.cmake
   DESTINATION "${ROPE_CMAKE_DIR}")
 
-# pkg-config: Cflags only (header-only); the dependencies by their own .pc
+# pkg-config: Cflags (and Libs for a compiled part); the dependencies by their own .pc
 # names, as Debian installs them (xsimd.pc, eigen3.pc, nlohmann_json.pc). The prefix is found
 # from the .pc file's own folder, so the files hold wherever the package is
 # installed (cmake --install --prefix, a staging directory).
@@ -77,6 +92,13 @@ install(FILES "${CMAKE_CURRENT_BINARY_DIR}/rope.pc" DESTINATION "${ROPE_PKGCONFI
 if(TARGET rope_attention)
   configure_file(cmake/rope-attention.pc.in "${CMAKE_CURRENT_BINARY_DIR}/rope-attention.pc" @ONLY)
   install(FILES "${CMAKE_CURRENT_BINARY_DIR}/rope-attention.pc" DESTINATION "${ROPE_PKGCONFIG_DIR}")
+endif()
+if(TARGET rope_hf_config_reader)
+  set(ROPE_HF_CONFIG_PC_LIBS "Libs: -L\${libdir} -lrope_hf_config_reader")
+  set(ROPE_HF_CONFIG_PC_CFLAGS " -DROPE_HF_CONFIG_LIBRARY=1")
+else()
+  set(ROPE_HF_CONFIG_PC_LIBS "")
+  set(ROPE_HF_CONFIG_PC_CFLAGS "")
 endif()
 if(TARGET rope_hf_config)
   configure_file(cmake/rope-hf-config.pc.in "${CMAKE_CURRENT_BINARY_DIR}/rope-hf-config.pc" @ONLY)

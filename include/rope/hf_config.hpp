@@ -31,52 +31,43 @@
 //
 // Needs nlohmann_json 3 (CMake target rope::hf_config); the core of rope does
 // not include this header.
+//
+// Header-only by default: the reader is compiled in every translation unit
+// that includes this header. With ROPE_HF_CONFIG_LIBRARY defined (CMake:
+// -DROPE_HF_CONFIG_LIBRARY=ON, which sets it for every user of
+// rope::hf_config, and builds and links the library that holds the reader,
+// src/hf_config/reader.cpp), this header declares load, parse and from_json
+// only, and a user's translation unit costs about what nlohmann/json.hpp's
+// declarations cost. Define it for a whole program or not at all.
 #pragma once
 
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
-#include "detail/error.hpp"
 #include "hf/model.hpp"
-#include "hf/read.hpp"
+
+#if defined(ROPE_HF_CONFIG_LIBRARY)
+#define ROPE_HF_ENTRY_POINT
+#else
+#define ROPE_HF_ENTRY_POINT inline
+#endif
 
 namespace rope::hf {
 
-namespace detail {
-
-// The JSON of a config's text; `source` names it in the error.
-inline Json parse_json(const char* fn, const std::string& source, const std::string& text) {
-  try {
-    return Json::parse(text);
-  } catch (const Json::parse_error& err) {
-    fail(fn, source, std::string("valid JSON (") + err.what() + ")", "byte " + to_text(err.byte));
-  }
-}
-
-}  // namespace detail
-
 // The model's RoPE from a config.json's text.
-inline ModelRope parse(const std::string& text, const ParseOptions& options = {}) {
-  const char* fn = "rope::hf::parse";
-  return detail::read(fn, detail::parse_json(fn, "the config text", text), options);
-}
+ROPE_HF_ENTRY_POINT ModelRope parse(const std::string& text, const ParseOptions& options = {});
 
 // The model's RoPE from an already parsed config.
-inline ModelRope from_json(const nlohmann::json& config, const ParseOptions& options = {}) {
-  return detail::read("rope::hf::from_json", config, options);
-}
+ROPE_HF_ENTRY_POINT ModelRope from_json(const nlohmann::json& config, const ParseOptions& options = {});
 
 // The model's RoPE from a config.json file.
-inline ModelRope load(const std::string& path, const ParseOptions& options = {}) {
-  const char* fn = "rope::hf::load";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) rope::detail::fail(fn, "path", "a readable file", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return detail::read(fn, detail::parse_json(fn, path, text.str()), options);
-}
+ROPE_HF_ENTRY_POINT ModelRope load(const std::string& path, const ParseOptions& options = {});
 
 }  // namespace rope::hf
+
+#undef ROPE_HF_ENTRY_POINT
+
+#if !defined(ROPE_HF_CONFIG_LIBRARY)
+#include "hf/entry_points.hpp"
+#endif
