@@ -70,7 +70,6 @@ enum Trait : unsigned {
   kNoRope = 1u << 15,  // refused: no RoPE
   kAttentionMultiplier = 1u << 16,
   kOlmo3 = 1u << 17,  // and require_theta
-  kRequireTheta = 1u << 18,
   kRequireEntry = 1u << 19,
   kConvMixer = 1u << 20,
   kMambaMixer = 1u << 21,
@@ -123,10 +122,9 @@ inline constexpr FamilyRow kFamilies[] = {
     {"ernie4_5_vl_moe_text", kBlock, kErnieVl},
     {"helium", kBlock, kPlain},  // modeling_helium rotate_half over x[..., 0::2], x[..., 1::2]
     // MLA with apply_rotary_pos_emb_interleave: GLM-4.7-Flash follows rope_interleave (default true);
-    // DeepseekV32Attention and GlmMoeDsaAttention always interleave their main attention.
+    // DeepseekV32Attention always interleaves its main attention.
     {"glm4_moe_lite", kBlock, kDeepseek},
     {"deepseek_v32", kBlock, kDeepseek | kAlwaysInterleaved},
-    {"glm_moe_dsa", kBlock, kDeepseek | kAlwaysInterleaved},
     // rotate_half: pair p = channels (p, p + r/2).
     {"llama", kHalf, kPlain},
     {"mistral", kHalf, kPlain},
@@ -193,9 +191,8 @@ inline constexpr FamilyRow kFamilies[] = {
     // Lfm2DecoderLayer: only full_attention layers attend (conv layers are short convolutions).
     {"lfm2", kHalf, kConvMixer},
     {"lfm2_moe", kHalf, kConvMixer},
-    {"falcon_h1", kHalf, kRequireTheta},  // FalconH1Attention(LlamaAttention); rope_theta's default moved
-    {"afmoe", kHalf, kAfmoe},             // AfmoeAttention.forward: RoPE only if self.is_local_attention
-    {"exaone_moe", kHalf, kExaone4},      // ExaoneMoeAttention: sliding_window is None or is_sliding
+    {"afmoe", kHalf, kAfmoe},         // AfmoeAttention.forward: RoPE only if self.is_local_attention
+    {"exaone_moe", kHalf, kExaone4},  // ExaoneMoeAttention: sliding_window is None or is_sliding
     // MllamaTextCrossAttention layers (cross_attention_layers) take no RoPE; self-attention layers do.
     {"mllama", kHalf, kMllama},
     {"mllama_text_model", kHalf, kMllama},
@@ -245,7 +242,7 @@ inline Family family_from_row(const FamilyRow& row) {
   f.known = f.known && !f.no_rope;
   f.attention_multiplier = has(kAttentionMultiplier);
   f.olmo3 = has(kOlmo3);
-  f.require_theta = has(kRequireTheta) || has(kOlmo3);
+  f.require_theta = has(kOlmo3);
   f.require_entry = has(kRequireEntry);
   f.conv_mixer = has(kConvMixer);
   f.mamba_mixer = has(kMambaMixer);

@@ -199,6 +199,27 @@ inline LayerRope nope_kind(std::string layer_type, std::size_t head_dim) {
   return nope;
 }
 
+// OLMo 3's sliding layers: the default rope, the rope entry (its scaling)
+// being the full-attention layers' alone (Olmo3Config's per-layer-type
+// parameters, Olmo3RotaryEmbedding per layer type). Their base is where the
+// releases differ: the configuration of the per-layer-type releases gives
+// them its default_theta, 500000, whatever the config says, the earlier
+// modeling code the config's rope_theta. They agree only when rope_theta is
+// 500000: anything else is refused.
+inline LayerRope olmo3_sliding_kind(const Config& config, const std::string& type) {
+  const Reader entry = config.single_entry();
+  const std::string key = entry.has("rope_theta") ? entry.path("rope_theta") : config.cfg().path("rope_theta");
+  const auto theta = entry.has("rope_theta") ? entry.positive("rope_theta") : config.context.top_theta;
+  if (!theta || *theta != 500000.0) {
+    fail(config.cfg().fn(), key,
+         "500000 for OLMo 3's sliding-window layers (its releases give them 500000 or the config's rope_theta)",
+         theta ? Json(*theta).dump() : std::string("nothing"));
+  }
+  Context c = config.context;
+  c.top_theta = theta;
+  return read_kind(c, config.entry(nullptr, ""), type, head_dim_for(config, type));
+}
+
 // The rotating kind of a layer type: its own entry of a per-layer-type
 // block, Gemma 3's local schedule for sliding layers, else the one entry.
 inline LayerRope rotating_kind(const Config& config, const std::string& type) {
@@ -213,11 +234,7 @@ inline LayerRope rotating_kind(const Config& config, const std::string& type) {
     }
     return read_kind(c, config.entry(&*it, path), type, head_dim_for(config, type));
   }
-  if (c.family.olmo3 && type == "sliding_attention") {
-    // Olmo3Config: sliding layers keep the default rope at rope_theta; the
-    // rope entry (its scaling) is the full-attention layers' alone.
-    return read_kind(c, config.entry(nullptr, ""), type, head_dim_for(config, type));
-  }
+  if (c.family.olmo3 && type == "sliding_attention") return olmo3_sliding_kind(config, type);
   if (local_base(config) && type == "sliding_attention") {
     // Gemma3TextConfig: rope_parameters["sliding_attention"] is the default
     // rope at rope_local_base_freq; rope_scaling goes to full_attention only.
@@ -254,12 +271,10 @@ inline std::vector<std::size_t> self_attention_flags(const Config& config, Model
   require_layers(cfg, model, "cross_attention_layers index the layers");
   const auto cross = cfg.count_list("cross_attention_layers").value_or(std::vector<std::size_t>{});
   std::vector<std::size_t> flags(model.num_layers, 1);
-  for (std::size_t k = 0; k < cross.size(); ++k) {
-    if (cross[k] >= model.num_layers) {
-      fail(cfg.fn(), rope::detail::indexed(cfg.path("cross_attention_layers"), k),
-           "a layer index < num_hidden_layers = " + to_text(model.num_layers), cross[k]);
-    }
-    flags[cross[k]] = 0;
+  // The reference asks whether a layer's index is in the list: an index
+  // past the last layer names none (the class default lists 40 layers).
+  for (const std::size_t layer : cross) {
+    if (layer < model.num_layers) flags[layer] = 0;
   }
   return flags;
 }

@@ -151,7 +151,11 @@ inline void read_head_dims(Context& c, ModelRope& model) {
     model.rotary_offset = *nope_dim;
     model.qk_head_dim = *nope_dim + *rope_dim;
   } else {
-    c.head_dim = cfg.positive_count(c.family.chatglm || c.family.kv_channels ? "kv_channels" : "head_dim").value_or(0);
+    // MllamaTextSelfAttention: hidden_size // num_heads, whatever head_dim says.
+    if (!c.family.mllama) {
+      c.head_dim =
+          cfg.positive_count(c.family.chatglm || c.family.kv_channels ? "kv_channels" : "head_dim").value_or(0);
+    }
     if (c.head_dim == 0) c.head_dim = derived_head_dim(cfg, hidden, heads);
   }
   if (c.head_dim == 0) fail(cfg.fn(), cfg.path("head_dim"), "> 0 (hidden_size / num_attention_heads)", 0);
@@ -239,6 +243,18 @@ inline void read_score_scales(const Config& config, const Reader& main_entry, Mo
 // does not model: refused, saying what to give.
 inline void require_family_keys(const Config& config) {
   const Family& family = config.context.family;
+  const Reader& cfg = config.cfg();
+  // Lfm2Config before its strict release read theta ahead of rope_theta;
+  // the strict release reads rope_theta alone.
+  if (family.conv_mixer && cfg.present("theta") && !cfg.object()->at("theta").is_null()) {
+    const auto theta = cfg.positive("theta");
+    if (!config.context.top_theta || *config.context.top_theta != *theta) {
+      fail(cfg.fn(), cfg.path("theta"),
+           "absent, or equal to rope_theta (LFM2's releases read theta, or rope_theta alone)" +
+               std::string(config.context.top_theta ? ", which is " + Json(*config.context.top_theta).dump() : ""),
+           Json(*theta).dump());
+    }
+  }
   if (family.require_entry && config.block.json == nullptr) {
     config.cfg().missing("rope_scaling", "or rope_parameters: without one, " + family.type +
                                              "'s configuration installs a llama3 entry of its own, which rope does "
@@ -251,9 +267,14 @@ inline void require_rotating_layer(const Config& config, const ModelRope& model)
   for (const LayerRope& kind : model.kinds) {
     if (kind.rotates) return;
   }
-  fail(config.cfg().fn(), config.prefix + "model_type",
-       "a model with RoPE (no layer of this config applies it" +
-           std::string(config.context.family.mamba_mixer ? ": position_embedding_type is not \"rope\")" : ")"),
+  const Reader& cfg = config.cfg();
+  if (config.context.family.mamba_mixer) {
+    const Json* type = cfg.find("position_embedding_type");
+    fail(cfg.fn(), cfg.path("position_embedding_type"),
+         "\"rope\" (no layer of this config applies RoPE otherwise) with attention layers among layer_types",
+         type != nullptr ? type->dump() : std::string("nothing"));
+  }
+  fail(cfg.fn(), config.prefix + "model_type", "a model with RoPE (no layer of this config applies it)",
        Json(model.model_type).dump());
 }
 

@@ -67,9 +67,9 @@ ROTATION_OF_FAMILY = {
     "helium": "repeat_interleave",
     # modeling_llama4 apply_rotary_emb: view_as_complex, freqs_cis.
     "llama4": "complex", "llama4_text": "complex",
-    # modeling_glm4_moe_lite (rope_interleave, default true), modeling_deepseek_v32 and modeling_glm_moe_dsa
-    # (always, for the main attention): apply_rotary_pos_emb_interleave.
-    "glm4_moe_lite": "deinterleave", "deepseek_v32": "deinterleave", "glm_moe_dsa": "deinterleave",
+    # modeling_glm4_moe_lite (rope_interleave, default true) and modeling_deepseek_v32 (always, for the main
+    # attention): apply_rotary_pos_emb_interleave.
+    "glm4_moe_lite": "deinterleave", "deepseek_v32": "deinterleave",
 }
 # Every other family covered uses the llama-style rotate_half of its own
 # modeling file (modeling_<family>.rotate_half: cat(-x2, x1)).
@@ -82,14 +82,14 @@ HALF_FAMILIES = {
     "starcoder2",
     # Read for this release: each modeling file's rotate_half (cat(-x2, x1)).
     "gemma3n", "gemma3n_text", "vaultgemma", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
-    "granitemoeshared", "granitemoehybrid", "olmo3", "flex_olmo", "bitnet", "lfm2", "lfm2_moe", "falcon_h1",
+    "granitemoeshared", "granitemoehybrid", "olmo3", "flex_olmo", "bitnet", "lfm2", "lfm2_moe",
     "afmoe", "exaone_moe", "mllama", "mllama_text_model", "jetmoe", "seed_oss", "arcee", "dots1", "apertus",
     "cwm",
 }
 # MLA families: rotary part qk_rope_head_dim channels after qk_nope_head_dim.
-MLA_FAMILIES = {"deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa"}
+MLA_FAMILIES = {"deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32"}
 # MLA families whose main attention interleaves whatever rope_interleave says.
-ALWAYS_INTERLEAVED = {"deepseek_v32", "glm_moe_dsa"}
+ALWAYS_INTERLEAVED = {"deepseek_v32"}
 QWEN3_NEXT_LAYERS = {"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
 GRANITE = {"granite", "granitemoe", "granitemoeshared", "granitemoehybrid"}
 for _family in HALF_FAMILIES:
@@ -160,6 +160,7 @@ PROBES = {
     "constructed_exaone4_window_defaults.json": {"layers": [0, 3, 4, 7]},
     "constructed_exaone4_no_window.json": {"layers": [0, 3]},
     "constructed_olmo3_yarn_full_only.json": {"layers": [0, 3, 7]},
+    "constructed_olmo3_rope_parameters.json": {"layers": [0, 3]},
     "constructed_lfm2_conv_layers.json": {"layers": [0, 2]},
     "constructed_lfm2_full_attn_idxs_defaults.json": {"layers": [0, 2, 5]},
     "constructed_granitemoehybrid_rope.json": {"layers": [0, 3]},
@@ -369,6 +370,10 @@ def describe(name, root):
     elif chatglm or model_type == "jetmoe":
         # ChatGLM's kv_channels; JetMoeConfig's attribute_map head_dim -> kv_channels.
         head_dim = cfg.get("kv_channels") or cfg.get("hidden_size") // cfg.get("num_attention_heads")
+        offset, qk_head_dim = 0, head_dim
+    elif model_type in ("mllama", "mllama_text_model"):
+        # MllamaTextSelfAttention: head_dim = hidden_size // num_heads.
+        head_dim = cfg.get("hidden_size") // cfg.get("num_attention_heads")
         offset, qk_head_dim = 0, head_dim
     else:
         head_dim = cfg.get("head_dim") or cfg.get("hidden_size") // cfg.get("num_attention_heads")
