@@ -289,7 +289,7 @@ TEST(HfConfig, BadConfigsAreNamedErrors) {
        "rope_scaling.mrope_section", "[32,32]"},
       {with({{"model_type", "qwen2_vl"}, {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {"a", 32, 32}}}}}),
        "rope_scaling.mrope_section[0]", "\"a\""},
-      {with({{"model_type", "qwen3_vl"}, {"rope_scaling", {{"mrope_section", {2, 31, 31}}}}}),
+      {with({{"model_type", "qwen3_vl"}, {"rope_theta", 5e6}, {"rope_scaling", {{"mrope_section", {2, 31, 31}}}}}),
        "rope_scaling.mrope_section", "[2,31,31]"},
       {with({{"text_config", "llama"}}), "text_config", "\"llama\""},
       {Json{{"model_type", "llava"},
@@ -339,6 +339,11 @@ TEST(HfConfig, BadConfigsAreNamedErrors) {
       {with({{"model_type", "olmo3"}, {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1e6}}}}),
        "rope_parameters.rope_theta", "1000000"},
       {with({{"model_type", "lfm2"}, {"theta", 500000}, {"rope_theta", 1e6}}), "theta", "500000"},
+      // Releases that default rope_theta differently; attention that takes hidden_size / heads.
+      {with({{"model_type", "qwen3_vl_text"}}), "rope_theta", "nothing"},
+      {with({{"model_type", "persimmon"}}), "rope_theta", "nothing"},
+      {with({{"model_type", "gpt_neox"}, {"head_dim", 64}}), "head_dim", "64"},
+      {with({{"model_type", "gpt_oss"}}), "rope_scaling", "nothing"},
       // Families whose reference releases disagree are refused as unknown.
       {with({{"model_type", "glm_moe_dsa"}}), "model_type", "\"glm_moe_dsa\""},
       {with({{"model_type", "falcon_h1"}}), "model_type", "\"falcon_h1\""},
@@ -448,7 +453,8 @@ TEST(HfConfig, LayersPathsAndPairingOverride) {
   EXPECT_TRUE(next.rotates(1));
   EXPECT_EQ(next.layer(0).layer_type, "linear_attention");
   // Without layer_types, Qwen3NextConfig makes every full_attention_interval-th
-  // layer full attention, rotating a quarter of the head by default.
+  // layer full attention, rotating a quarter of the head by default (its
+  // head_dim defaults to 256, not hidden_size / num_attention_heads).
   const auto interval = rope::hf::parse(R"({"model_type": "qwen3_next", "hidden_size": 512,
       "num_attention_heads": 8, "num_hidden_layers": 4, "full_attention_interval": 2})");
   EXPECT_FALSE(interval.rotates(0));
@@ -456,7 +462,8 @@ TEST(HfConfig, LayersPathsAndPairingOverride) {
   EXPECT_FALSE(interval.rotates(2));
   EXPECT_TRUE(interval.rotates(3));
   EXPECT_EQ(interval.layer(3).layer_type, "full_attention");
-  EXPECT_EQ(interval.layer(3).rotary_dim, 16u);
+  EXPECT_EQ(interval.layer(3).head_dim, 256u);
+  EXPECT_EQ(interval.layer(3).rotary_dim, 64u);
   // A nested language model under a key rope does not read is named.
   const std::string nested = R"({"model_type": "my_vlm", "vision_tower": {"model_type": "siglip"},
       "decoder": {"model_type": "llama", "hidden_size": 512, "num_attention_heads": 8}})";
@@ -502,6 +509,7 @@ TEST(HfConfig, ErrorsNameTheFunctionAndTheKey) {
                          {"rope_scaling", {{"rope_type", "linear"}, {"factor", -1}}}}}};
   Json sections = llama;
   sections["model_type"] = "qwen3_vl";
+  sections["rope_theta"] = 5e6;
   sections["rope_scaling"] = {{"mrope_section", {2, 31, 31}}};
   const auto llama4 = rope::hf::load(config_path("constructed_llama4_nope_temperature.json"));
   const std::vector<Case> cases = {

@@ -47,6 +47,8 @@ struct Family {
   bool kv_channels = false;         // head size kv_channels (JetMoE's head_dim alias)
   bool always_interleaved = false;  // MLA pairs (2p, 2p+1) whatever rope_interleave says
   bool qwen3_5 = false;             // Qwen 3.5: Qwen3-Next's layers with interleaved M-RoPE, sections 11, 11, 10
+  bool derived_head = false;        // the attention's head size is hidden_size / num_attention_heads
+  double default_partial = 0;       // the configuration's default partial_rotary_factor (0: none); the entry's wins
 };
 
 // The exceptions of a family, as bits of a table row (the fields of Family).
@@ -79,6 +81,8 @@ enum Trait : unsigned {
   kKvChannels = 1u << 25,
   kAlwaysInterleaved = 1u << 26,  // with kDeepseek
   kQwen3_5 = 1u << 27,            // and the Qwen3-Next traits
+  kDerivedHead = 1u << 28,        // head size hidden_size / num_attention_heads: a head_dim key must agree
+  kThetaRequired = 1u << 29,      // the releases default rope_theta differently: it must be given
 };
 
 struct FamilyRow {
@@ -100,7 +104,7 @@ inline constexpr FamilyRow kFamilies[] = {
     {"codegen", kBlock, kPlain},  // modeling_codegen rotate_every_two
     {"cohere", kBlock, kPlain},   // modeling_cohere rotate_half over x[..., ::2], x[..., 1::2]
     // modeling_cohere2 likewise; Cohere2Attention rotates only where sliding_window is set.
-    {"cohere2", kBlock, kCohere2},
+    {"cohere2", kBlock, kCohere2 | kDerivedHead},  // Cohere2Config.__post_init__ sets head_dim itself
     // modeling_glm / modeling_glm4 / modeling_glm4v rotate_half_llm over 0::2 / 1::2, cos/sin repeat_interleave.
     {"glm", kBlock, kPlain},
     {"glm4", kBlock, kPlain},
@@ -130,7 +134,7 @@ inline constexpr FamilyRow kFamilies[] = {
     {"mistral", kHalf, kPlain},
     {"mixtral", kHalf, kPlain},
     {"ministral", kHalf, kPlain},
-    {"ministral3", kHalf, kPlain},
+    {"ministral3", kHalf, kRequireEntry},  // Ministral3Config installs a yarn entry of its own
     {"mistral3", kHalf, kPlain},
     {"qwen2", kHalf, kPlain},
     {"qwen2_moe", kHalf, kPlain},
@@ -143,10 +147,11 @@ inline constexpr FamilyRow kFamilies[] = {
     {"qwen2_5_vl", kHalf, kPlain},
     {"qwen2_5_vl_text", kHalf, kPlain},
     // modeling_qwen3_vl Qwen3VLTextRotaryEmbedding.apply_interleaved_mrope: M-RoPE always interleaved.
-    {"qwen3_vl", kHalf, kQwen3Vl},
-    {"qwen3_vl_text", kHalf, kQwen3Vl},
-    {"qwen3_vl_moe", kHalf, kQwen3Vl},
-    {"qwen3_vl_moe_text", kHalf, kQwen3Vl},
+    // Qwen3VLTextConfig's default rope_theta moved between releases (5e6, 5e5): it must be given.
+    {"qwen3_vl", kHalf, kQwen3Vl | kThetaRequired},
+    {"qwen3_vl_text", kHalf, kQwen3Vl | kThetaRequired},
+    {"qwen3_vl_moe", kHalf, kQwen3Vl | kThetaRequired},
+    {"qwen3_vl_moe_text", kHalf, kQwen3Vl | kThetaRequired},
     {"gemma", kHalf, kPlain},
     {"gemma2", kHalf, kGemmaScalar},  // Gemma2Attention: scaling = query_pre_attn_scalar ** -0.5
     // Gemma3TextConfig defaults, rope_local_base_freq for sliding layers; Gemma3Attention's query_pre_attn_scalar.
@@ -168,14 +173,16 @@ inline constexpr FamilyRow kFamilies[] = {
     {"phi", kHalf, kPlain},
     {"phi3", kHalf, kPhi3},  // Phi3Config: a legacy "type" of "su" / "yarn" is longrope
     {"phimoe", kHalf, kPlain},
-    {"gpt_neox", kHalf, kPlain},
-    {"gpt_oss", kHalf, kPlain},  // modeling_gpt_oss _apply_rotary_emb: torch.chunk halves, the same pairing
+    {"gpt_neox", kHalf, kDerivedHead},  // GPTNeoXAttention: head_size = hidden_size // num_attention_heads
+    // modeling_gpt_oss _apply_rotary_emb: torch.chunk halves, the same pairing; GptOssConfig installs a
+    // yarn entry of its own.
+    {"gpt_oss", kHalf, kRequireEntry},
     {"glm4_moe", kHalf, kPlain},
     {"glm4v_moe", kHalf, kPlain},
     {"glm4v_moe_text", kHalf, kPlain},
-    {"stablelm", kHalf, kPlain},
+    {"stablelm", kHalf, kDerivedHead},
     {"starcoder2", kHalf, kPlain},
-    {"falcon", kHalf, kPlain},
+    {"falcon", kHalf, kDerivedHead},
     {"olmo", kHalf, kPlain},
     {"olmo2", kHalf, kPlain},
     // GraniteAttention (and its MoE variants): scaling = config.attention_multiplier.
@@ -204,9 +211,9 @@ inline constexpr FamilyRow kFamilies[] = {
     {"apertus", kHalf, kRequireEntry},
     {"cwm", kHalf, kRequireEntry},
     {"olmoe", kHalf, kPlain},
-    {"persimmon", kHalf, kPlain},
-    {"smollm3", kHalf, kNopeInterval},  // SmolLM3Attention: use_rope = no_rope_layers[layer_idx]
-    {"exaone4", kHalf, kExaone4},       // Exaone4Attention.forward: sliding_window is None or is_sliding
+    {"persimmon", kHalf, kDerivedHead | kThetaRequired},  // default rope_theta 25000, later 10000
+    {"smollm3", kHalf, kNopeInterval},                    // SmolLM3Attention: use_rope = no_rope_layers[layer_idx]
+    {"exaone4", kHalf, kExaone4},  // Exaone4Attention.forward: sliding_window is None or is_sliding
     // ALiBi instead of RoPE: refused.
     {"bloom", kHalf, kAlibi},
     {"mpt", kHalf, kAlibi},
@@ -215,6 +222,17 @@ inline constexpr FamilyRow kFamilies[] = {
     {"nemotron_h", kHalf, kNoRope},
     {"zamba", kHalf, kNoRope},
 };
+
+// The partial_rotary_factor a family's configuration sets as a default
+// (kwargs.setdefault), which a rope entry's own value overrides; 0 for none.
+inline double default_partial_rotary(const std::string& family) {
+  if (family == "qwen3_next" || family.rfind("qwen3_5", 0) == 0 || family == "stablelm" || family == "gpt_neox") {
+    return 0.25;
+  }
+  if (family == "phi" || family == "glm" || family == "glm4" || family == "glm4_moe" || family == "persimmon")
+    return 0.5;
+  return 0.0;
+}
 
 inline Family family_from_row(const FamilyRow& row) {
   Family f;
@@ -242,7 +260,9 @@ inline Family family_from_row(const FamilyRow& row) {
   f.known = f.known && !f.no_rope;
   f.attention_multiplier = has(kAttentionMultiplier);
   f.olmo3 = has(kOlmo3);
-  f.require_theta = has(kOlmo3);
+  f.require_theta = has(kOlmo3) || has(kThetaRequired);
+  f.derived_head = has(kDerivedHead) || has(kMllama);
+  f.default_partial = default_partial_rotary(f.type);
   f.require_entry = has(kRequireEntry);
   f.conv_mixer = has(kConvMixer);
   f.mamba_mixer = has(kMambaMixer);
@@ -323,28 +343,38 @@ inline const Json& gemma3_defaults() {
 
 // The class defaults of the keys rope reads, for the families whose
 // configuration class defaults them otherwise than the shared rope utilities
-// (rope_theta 10000, head_dim = hidden_size / num_attention_heads); null for
-// the others.
+// (rope_theta 10000, head_dim = hidden_size / num_attention_heads): each
+// configuration_<family>.py's field defaults and default_theta. Null for the
+// others.
 inline const Json* family_defaults(const std::string& family) {
-  static const Json gemma3n = {{"rope_theta", 1000000.0},
-                               {"rope_local_base_freq", 10000.0},
-                               {"head_dim", 256},
-                               {"max_position_embeddings", 32768}};
-  static const Json theta_1e6 = {{"rope_theta", 1000000.0}};  // Lfm2Config, CwmConfig default_theta
-  static const Json theta_5e5 = {{"rope_theta", 500000.0}};   // FlexOlmo, BitNet, MllamaTextConfig
-  static const Json apertus = {{"rope_theta", 12000000.0}};   // ApertusConfig default_theta
-  static const Json vaultgemma = {{"head_dim", 256}, {"query_pre_attn_scalar", 256}};  // VaultGemmaConfig
-  static const Json qwen3_5 = {{"head_dim", 256}};                                     // Qwen3_5TextConfig
-  static const Json mllama = {{"rope_theta", 500000.0},
-                              {"cross_attention_layers", {3, 8, 13, 18, 23, 28, 33, 38}}};  // MllamaTextConfig
+  struct Row {
+    const char* types;  // the model types, space-separated
+    Json keys;
+  };
+  static const Row rows[] = {
+      {"gemma3n gemma3n_text",
+       {{"rope_theta", 1e6}, {"rope_local_base_freq", 1e4}, {"head_dim", 256}, {"max_position_embeddings", 32768}}},
+      {"mixtral phimoe qwen2_vl qwen2_vl_text qwen2_5_vl qwen2_5_vl_text lfm2 lfm2_moe", {{"rope_theta", 1e6}}},
+      {"ministral3 cwm", {{"head_dim", 128}, {"rope_theta", 1e6}}},
+      {"flex_olmo bitnet cohere ernie4_5_moe", {{"rope_theta", 5e5}}},
+      {"ernie4_5 llama4 llama4_text", {{"head_dim", 128}, {"rope_theta", 5e5}}},
+      {"mllama mllama_text_model", {{"rope_theta", 5e5}, {"cross_attention_layers", {3, 8, 13, 18, 23, 28, 33, 38}}}},
+      {"smollm3", {{"rope_theta", 2e6}}},
+      {"helium", {{"head_dim", 128}, {"rope_theta", 1e5}}},
+      {"gpt_oss", {{"head_dim", 64}, {"rope_theta", 150000.0}}},
+      {"apertus", {{"rope_theta", 1.2e7}}},
+      {"qwen3 qwen3_vl qwen3_vl_text glm glm4 seed_oss afmoe", {{"head_dim", 128}}},
+      {"jetmoe", {{"kv_channels", 128}}},
+      {"gemma", {{"head_dim", 256}}},
+      {"gemma2 vaultgemma", {{"head_dim", 256}, {"query_pre_attn_scalar", 256}}},
+      {"gemma4 gemma4_text", {{"head_dim", 256}, {"global_head_dim", 512}}},
+      {"qwen3_next qwen3_5 qwen3_5_text qwen3_5_moe qwen3_5_moe_text", {{"head_dim", 256}}},
+  };
   if (family == "gemma3" || family == "gemma3_text") return &gemma3_defaults();
-  if (family == "gemma3n" || family == "gemma3n_text") return &gemma3n;
-  if (family == "lfm2" || family == "lfm2_moe" || family == "cwm") return &theta_1e6;
-  if (family == "flex_olmo" || family == "bitnet") return &theta_5e5;
-  if (family == "mllama" || family == "mllama_text_model") return &mllama;
-  if (family == "apertus") return &apertus;
-  if (family == "vaultgemma") return &vaultgemma;
-  if (family.rfind("qwen3_5", 0) == 0) return &qwen3_5;
+  for (const Row& row : rows) {
+    const std::string types = std::string(" ") + row.types + " ";
+    if (types.find(" " + family + " ") != std::string::npos) return &row.keys;
+  }
   return nullptr;
 }
 

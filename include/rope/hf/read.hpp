@@ -151,10 +151,19 @@ inline void read_head_dims(Context& c, ModelRope& model) {
     model.rotary_offset = *nope_dim;
     model.qk_head_dim = *nope_dim + *rope_dim;
   } else {
-    // MllamaTextSelfAttention: hidden_size // num_heads, whatever head_dim says.
-    if (!c.family.mllama) {
-      c.head_dim =
-          cfg.positive_count(c.family.chatglm || c.family.kv_channels ? "kv_channels" : "head_dim").value_or(0);
+    c.head_dim = cfg.positive_count(c.family.chatglm || c.family.kv_channels ? "kv_channels" : "head_dim").value_or(0);
+    if (c.family.derived_head) {
+      // The family's attention takes hidden_size // num_attention_heads
+      // (GPTNeoXAttention, MllamaTextSelfAttention, ...; Cohere2Config sets
+      // head_dim so): a head_dim saying otherwise is refused.
+      const std::size_t derived = derived_head_dim(cfg, hidden, heads);
+      if (c.head_dim != 0 && c.head_dim != derived) {
+        fail(cfg.fn(), cfg.path("head_dim"),
+             "hidden_size / num_attention_heads = " + to_text(derived) + ", the head size " + c.family.type +
+                 "'s attention uses",
+             c.head_dim);
+      }
+      c.head_dim = derived;
     }
     if (c.head_dim == 0) c.head_dim = derived_head_dim(cfg, hidden, heads);
   }

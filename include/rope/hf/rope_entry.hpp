@@ -75,9 +75,10 @@ inline Partial partial_rotary(const Context& c, const Reader& entry) {
     partial.factor = entry.number("partial_rotary_factor");
     partial.key = entry.path("partial_rotary_factor");
   }
-  // Qwen3NextConfig.__post_init__ defaults the partial_rotary_factor kwarg
-  // to 0.25, which the rope parameters take unless they hold their own.
-  if (!partial.factor && c.family.qwen3_next) partial.factor = 0.25;
+  // Configurations such as Qwen3NextConfig.__post_init__ default the
+  // partial_rotary_factor kwarg (0.25 there), which the rope parameters take
+  // unless they hold their own.
+  if (!partial.factor && c.family.default_partial > 0.0) partial.factor = c.family.default_partial;
   if (partial.factor && !(*partial.factor >= 0.0 && *partial.factor <= 1.0)) {
     fail(cfg.fn(), partial.key, "in [0, 1]", to_text(*partial.factor));
   }
@@ -252,7 +253,7 @@ inline LayerRope read_kind(const Context& c, const Reader& entry, std::string la
   const RopeType type = rope_type_of(c, entry);
   kind.rope_type = type.name;
   if (c.family.require_theta && !entry.has("rope_theta") && !c.top_theta) {
-    entry.missing("rope_theta", "the reference's releases default it differently for " + c.family.type);
+    c.cfg->missing("rope_theta", "the reference's releases default it differently for " + c.family.type);
   }
   kind.base = entry.positive("rope_theta").value_or(c.top_theta.value_or(10000.0));
   if (c.family.chatglm) kind.base = 10000.0 * c.cfg->positive("rope_ratio").value_or(1.0);

@@ -121,18 +121,39 @@ GEMMA3_TEXT_DEFAULTS = {
 }
 # Other configuration classes' defaults that differ from the shared ones (default_theta 10000).
 CLASS_DEFAULTS = {
-    # Gemma3nTextConfig: default_theta {"global": 1e6, "local": 1e4}, head_dim 256, max_position_embeddings 32768.
-    "gemma3n": {"rope_theta": 1e6, "rope_local_base_freq": 1e4, "head_dim": 256, "max_position_embeddings": 32768},
-    "lfm2": {"rope_theta": 1e6}, "lfm2_moe": {"rope_theta": 1e6}, "cwm": {"rope_theta": 1e6},
-    "flex_olmo": {"rope_theta": 5e5}, "bitnet": {"rope_theta": 5e5},
-    "mllama": {"rope_theta": 5e5, "cross_attention_layers": [3, 8, 13, 18, 23, 28, 33, 38]},
-    "apertus": {"rope_theta": 1.2e7},
+    # Each configuration_<family>.py: field defaults and default_theta, where they differ from head_dim =
+    # hidden_size // num_attention_heads and rope_theta 10000.
+    "gemma3n_text": {"rope_theta": 1e6, "rope_local_base_freq": 1e4, "head_dim": 256, "max_position_embeddings": 32768},
+    "mixtral": {"rope_theta": 1e6}, "phimoe": {"rope_theta": 1e6}, "qwen2_vl_text": {"rope_theta": 1e6},
+    "lfm2": {"rope_theta": 1e6}, "lfm2_moe": {"rope_theta": 1e6},
+    "ministral3": {"head_dim": 128, "rope_theta": 1e6}, "cwm": {"head_dim": 128, "rope_theta": 1e6},
+    "flex_olmo": {"rope_theta": 5e5}, "bitnet": {"rope_theta": 5e5}, "cohere": {"rope_theta": 5e5},
+    "ernie4_5_moe": {"rope_theta": 5e5}, "ernie4_5": {"head_dim": 128, "rope_theta": 5e5},
+    "llama4_text": {"head_dim": 128, "rope_theta": 5e5},
+    "mllama_text_model": {"rope_theta": 5e5, "cross_attention_layers": [3, 8, 13, 18, 23, 28, 33, 38]},
+    "smollm3": {"rope_theta": 2e6}, "helium": {"head_dim": 128, "rope_theta": 1e5},
+    "gpt_oss": {"head_dim": 64, "rope_theta": 1.5e5}, "apertus": {"rope_theta": 1.2e7},
+    "qwen3": {"head_dim": 128}, "qwen3_vl_text": {"head_dim": 128}, "glm": {"head_dim": 128},
+    "glm4": {"head_dim": 128}, "seed_oss": {"head_dim": 128}, "afmoe": {"head_dim": 128},
+    "jetmoe": {"kv_channels": 128}, "gemma": {"head_dim": 256},
+    "gemma2": {"head_dim": 256, "query_pre_attn_scalar": 256},
     "vaultgemma": {"head_dim": 256, "query_pre_attn_scalar": 256},
-    "qwen3_5": {"head_dim": 256},
+    "gemma4_text": {"head_dim": 256, "global_head_dim": 512},
+    "qwen3_next": {"head_dim": 256}, "qwen3_5_text": {"head_dim": 256},
 }
-for _a, _b in (("gemma3n_text", "gemma3n"), ("mllama_text_model", "mllama"), ("qwen3_5_text", "qwen3_5"),
-               ("qwen3_5_moe", "qwen3_5"), ("qwen3_5_moe_text", "qwen3_5")):
+# Composite and text model types share their text configuration's defaults.
+for _a, _b in (("gemma3n", "gemma3n_text"), ("mllama", "mllama_text_model"), ("qwen3_5", "qwen3_5_text"),
+               ("qwen3_5_moe", "qwen3_5_text"), ("qwen3_5_moe_text", "qwen3_5_text"), ("qwen2_vl", "qwen2_vl_text"),
+               ("qwen2_5_vl", "qwen2_vl_text"), ("qwen2_5_vl_text", "qwen2_vl_text"), ("qwen3_vl", "qwen3_vl_text"),
+               ("llama4", "llama4_text"), ("gemma4", "gemma4_text")):
     CLASS_DEFAULTS[_a] = CLASS_DEFAULTS[_b]
+# kwargs.setdefault("partial_rotary_factor", ...) of each configuration: the rope parameters keep their own.
+DEFAULT_PARTIAL = {"qwen3_next": 0.25, "qwen3_5": 0.25, "qwen3_5_text": 0.25, "qwen3_5_moe": 0.25,
+                   "qwen3_5_moe_text": 0.25, "stablelm": 0.25, "gpt_neox": 0.25, "phi": 0.5, "glm": 0.5, "glm4": 0.5,
+                   "glm4_moe": 0.5, "persimmon": 0.5}
+# Attention that takes hidden_size // num_attention_heads whatever a head_dim key says (GPTNeoXAttention,
+# StableLmAttention, FalconAttention, PersimmonAttention, MllamaTextSelfAttention; Cohere2Config sets it).
+DERIVED_HEAD = {"gpt_neox", "stablelm", "falcon", "persimmon", "mllama", "mllama_text_model", "cohere2"}
 
 # GPT-J / CodeGen attribute_map.
 ALIASES = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer",
@@ -330,10 +351,10 @@ def standardize(cfg, model_type, per_layer_types):
         entry.setdefault("rope_theta", theta)
         if partial is not None:
             entry["partial_rotary_factor"] = partial
-        elif model_type in QWEN3_NEXT_LAYERS:
-            # Qwen3NextConfig.__post_init__: kwargs.setdefault("partial_rotary_factor", 0.25), which the
+        elif model_type in DEFAULT_PARTIAL:
+            # e.g. Qwen3NextConfig.__post_init__: kwargs.setdefault("partial_rotary_factor", 0.25), which the
             # standardisation sets on the parameters as a default (their own value wins).
-            entry.setdefault("partial_rotary_factor", 0.25)
+            entry.setdefault("partial_rotary_factor", DEFAULT_PARTIAL[model_type])
         if rope_type in ("llama3", "yarn", "longrope"):
             if top_original is not None:
                 entry["original_max_position_embeddings"] = top_original
@@ -371,8 +392,7 @@ def describe(name, root):
         # ChatGLM's kv_channels; JetMoeConfig's attribute_map head_dim -> kv_channels.
         head_dim = cfg.get("kv_channels") or cfg.get("hidden_size") // cfg.get("num_attention_heads")
         offset, qk_head_dim = 0, head_dim
-    elif model_type in ("mllama", "mllama_text_model"):
-        # MllamaTextSelfAttention: head_dim = hidden_size // num_heads.
+    elif model_type in DERIVED_HEAD:
         head_dim = cfg.get("hidden_size") // cfg.get("num_attention_heads")
         offset, qk_head_dim = 0, head_dim
     else:
