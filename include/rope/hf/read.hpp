@@ -266,8 +266,8 @@ inline void require_family_keys(const Config& config) {
   }
   if (family.require_entry && config.block.json == nullptr) {
     config.cfg().missing("rope_scaling", "or rope_parameters: without one, " + family.type +
-                                             "'s configuration installs a llama3 entry of its own, which rope does "
-                                             "not guess");
+                                             "'s configuration installs a rope entry of its own (llama3 or yarn), "
+                                             "which rope does not guess");
   }
 }
 
