@@ -463,6 +463,48 @@ TYPED_TEST(KvRows, StoreSixteenBitTypesRoundOnceToNearestEven) {
   EXPECT_EQ(std::memcmp(copy.data(), x.data(), x.size() * sizeof(float)), 0);
 }
 
+// The SIMD int8 store against its scalar twin, bit for bit (codes and the
+// scale): every length around the lane widths, magnitudes from subnormal to
+// 1e30, ties (x / s exactly k + 1/2), and a NaN or an infinity in the SIMD
+// blocks or in the tail.
+TYPED_TEST(KvRows, StoreInt8IsItsScalarTwinBitForBit) {
+  using Arch = TypeParam;
+  const auto same = [](const std::vector<float>& x, const char* what) {
+    const std::size_t n = x.size();
+    std::vector<std::int8_t> got(n + 1, 77), want(n + 1, 77);
+    float gs = -1, ws = -1;
+    rope::store_kv_row<Arch>(x.data(), n, got.data(), &gs);
+    rope::reference::quantize_int8(x.data(), n, want.data(), &ws);
+    ASSERT_TRUE(std::memcmp(&gs, &ws, sizeof(float)) == 0 || (std::isnan(gs) && std::isnan(ws)))
+        << what << " n " << n << " scale " << gs << " vs " << ws;
+    ASSERT_EQ(got, want) << what << " n " << n;
+    ASSERT_EQ(got[n], 77) << "wrote past n = " << n;
+  };
+  std::vector<std::size_t> lengths;
+  for (std::size_t n = 0; n <= 70; ++n) lengths.push_back(n);
+  for (std::size_t n : {127, 128, 129, 130, 256, 257}) lengths.push_back(n);
+  for (std::size_t n : lengths) {
+    for (const double magnitude : {1e-42, 1e-30, 1e-3, 1.0, 37.0, 1e30}) {
+      same(rope_test::random_vector<float>(n, static_cast<std::uint32_t>(7 * n + 3), magnitude), "random");
+    }
+    if (n == 0) continue;
+    // Ties: the largest is 127 s, the rest k + 1/2 steps (k + 1/2 and 127
+    // are exact in float, so x / s is too).
+    std::vector<float> ties(n);
+    for (std::size_t c = 0; c < n; ++c) ties[c] = (c == 0 ? 127.0f : static_cast<float>(c % 120) + 0.5f) * 0.25f;
+    same(ties, "ties");
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity()}) {
+      for (std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
+        auto x = rope_test::random_vector<float>(n, static_cast<std::uint32_t>(n + at));
+        x[at] = bad;
+        same(x, "non-finite");
+      }
+    }
+    same(std::vector<float>(n, -0.0f), "zeros");
+  }
+}
+
 TEST(KvRowsStore, Int8QuantizesSymmetricallyWithinHalfAStep) {
   const double eps = std::numeric_limits<float>::epsilon();
   for (std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{7}, std::size_t{64}, std::size_t{130}}) {

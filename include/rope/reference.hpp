@@ -17,10 +17,15 @@
 //   dot_kv:        scores[r * score_stride] = q_r . key (int8: before its scale)
 //   weighted_kv:   acc_r += sum_j (w_rj * scale_j) value_j, in order j, one
 //                  fused multiply-add per channel.
+//   quantize_int8: one vector into int8 with its scale, value by value
+//                  (the int8 store_kv_row).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 
 #include "half.hpp"
 #include "style.hpp"
@@ -103,6 +108,30 @@ void weighted_kv(const float* weights, std::size_t weight_stride, std::size_t ro
         a = std::fma(wj, detail::widen_value(values[j * value_stride + c]), a);
       }
     }
+  }
+}
+
+// x (n floats) quantized symmetrically: *scale = s = max_c |x_c| / 127 (the
+// least subnormal where that underflows for a nonzero vector), q_c = x_c / s
+// rounded to nearest even, clamped to [-127, 127]. All zeros: s = 0, q = 0.
+// A NaN or an infinity anywhere: s = NaN, q = 0.
+inline void quantize_int8(const float* x, std::size_t n, std::int8_t* out, float* scale) noexcept {
+  float m = 0.0f;
+  bool finite = true;
+  for (std::size_t c = 0; c < n; ++c) {
+    finite = finite && std::isfinite(x[c]);
+    m = std::max(m, std::fabs(x[c]));
+  }
+  if (!finite) {
+    std::fill_n(out, n, std::int8_t(0));
+    *scale = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  const float s = m > 0.0f && m / 127.0f == 0.0f ? std::numeric_limits<float>::denorm_min() : m / 127.0f;
+  *scale = s;
+  for (std::size_t c = 0; c < n; ++c) {
+    const float q = s > 0.0f ? std::nearbyint(x[c] / s) : 0.0f;
+    out[c] = static_cast<std::int8_t>(std::min(127.0f, std::max(-127.0f, q)));
   }
 }
 

@@ -34,11 +34,14 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "../detail/parallel.hpp"
+#include "../detail/prefetch.hpp"
+#include "../kernels/attention_rows.hpp"
 #include "../kernels/kv_rows.hpp"
 #include "../multi_axis.hpp"
 #include "../tensor/checks.hpp"
@@ -98,32 +101,55 @@ struct Norm {
   bool whole = false;
 };
 
-// y = RMSNorm(x) over n floats in place (see the header comment).
-inline void rms_norm(float* x, std::size_t n, const float* w, float eps, bool plus_one) noexcept {
-  float s[8] = {};
-  std::size_t c = 0;
-  for (; c + 8 <= n; c += 8) {
-    for (std::size_t k = 0; k < 8; ++k) s[k] = std::fma(x[c + k], x[c + k], s[k]);
-  }
-  for (std::size_t k = 0; c < n; ++c, ++k) s[k] = std::fma(x[c], x[c], s[k]);
-  const float ss = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
-  const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
-  for (std::size_t c = 0; c < n; ++c) x[c] = (x[c] * r) * (plus_one ? 1.0f + w[c] : w[c]);
-}
-
-// `heads` rows of d floats (row h at x + h * d): normalized (per head or
-// over all of them), then rotated with one row of cos and sin (null: no
-// rotation).
-inline void norm_rotate(float* x, std::size_t heads, std::size_t d, const Norm& norm, Style style,
-                        std::size_t rotary_dim, const float* cos, const float* sin) noexcept {
-  if (norm.weight != nullptr) {
-    if (norm.whole) {
-      rms_norm(x, heads * d, norm.weight, norm.eps, norm.plus_one);
-    } else {
-      for (std::size_t h = 0; h < heads; ++h) rms_norm(x + h * d, d, norm.weight, norm.eps, norm.plus_one);
+// Token t's rows of x (x.heads rows of d = x.head_dim values) into out (row
+// h at out + h * d) as floats, normalized per head or over all of them
+// (norm.weight null: only widened). A float row with a per-head norm is
+// normalized straight from x: the widening copy is one pass fewer.
+template <class In>
+void load_normed(const View<const In>& x, std::size_t t, const Norm& norm, float* out) noexcept {
+  const std::size_t d = x.head_dim;
+  if constexpr (std::is_same<In, float>::value) {
+    if (norm.weight != nullptr && !norm.whole) {
+      for (std::size_t h = 0; h < x.heads; ++h) {
+        rms_norm_row(x.row(t, h), d, norm.weight, norm.eps, norm.plus_one, out + h * d);
+      }
+      return;
     }
   }
-  if (cos != nullptr) rotate_with(style, rotary_dim, cos, sin, x, static_cast<std::ptrdiff_t>(d), heads);
+  for (std::size_t h = 0; h < x.heads; ++h) widen_row(x.row(t, h), d, out + h * d);
+  if (norm.weight == nullptr) return;
+  if (norm.whole) {
+    rms_norm_row(out, x.heads * d, norm.weight, norm.eps, norm.plus_one, out);
+  } else {
+    for (std::size_t h = 0; h < x.heads; ++h)
+      rms_norm_row(out + h * d, d, norm.weight, norm.eps, norm.plus_one, out + h * d);
+  }
+}
+
+// Token t's rows of `out` (out.heads rows of d = out.head_dim) = the rows of
+// x (row h at x + h * d) rotated with one row of cos and sin (null: not
+// rotated), each value rounded once into Out. A float out is rotated into
+// straight from x (x is left as it was); any other type rotates x in place
+// and rounds it on the way out.
+template <class Out>
+void rotate_store(float* x, Style style, std::size_t rotary_dim, const float* cos, const float* sin,
+                  const View<Out>& out, std::size_t t) noexcept {
+  const std::size_t d = out.head_dim, heads = out.heads;
+  if constexpr (std::is_same<Out, float>::value) {
+    const std::size_t r = cos != nullptr ? rotary_dim : 0;
+    if (r > 0) {
+      with_style(style, [&](auto s) {
+        rotate_heads<decltype(s)::value, float>(x, static_cast<std::ptrdiff_t>(d), out.row(t, 0),
+                                                static_cast<std::ptrdiff_t>(out.head_stride), heads, cos, sin, r);
+      });
+    }
+    if (r < d) {
+      for (std::size_t h = 0; h < heads; ++h) std::memcpy(out.row(t, h) + r, x + h * d + r, (d - r) * sizeof(float));
+    }
+  } else {
+    if (cos != nullptr) rotate_with(style, rotary_dim, cos, sin, x, static_cast<std::ptrdiff_t>(d), heads);
+    for (std::size_t h = 0; h < heads; ++h) store_kv_row(x + h * d, d, out.row(t, h), nullptr);
+  }
 }
 
 // Where a token's cos and sin come from: the table row of its one position,
@@ -151,6 +177,15 @@ struct TokenAngles {
   }
 };
 
+// Asks for token t's Q, K and V rows ahead of their use: the token before
+// it is worked on meanwhile, so its misses overlap that work.
+template <class In>
+void prefetch_token(const View<const In>& q, const View<const In>& k, const View<const In>& v, std::size_t t) noexcept {
+  rope::detail::prefetch_rows(q.row(t, 0), q.heads, q.head_stride * sizeof(In), q.head_dim * sizeof(In));
+  rope::detail::prefetch_rows(k.row(t, 0), k.heads, k.head_stride * sizeof(In), k.head_dim * sizeof(In));
+  rope::detail::prefetch_rows(v.row(t, 0), v.heads, v.head_stride * sizeof(In), v.head_dim * sizeof(In));
+}
+
 // What one token's write needs, checked.
 template <class In, class E>
 struct TokenWriter {
@@ -173,8 +208,9 @@ struct TokenWriter {
   void write(std::size_t t, std::int64_t s, const float* cos, const float* sin, float* scratch) const noexcept {
     if (s < 0 && k_back.data == nullptr) return;
     const std::size_t d = k.head_dim;
-    for (std::size_t h = 0; h < k.heads; ++h) widen_row(k.row(t, h), d, scratch + h * d);
-    norm_rotate(scratch, k.heads, d, k_norm, rotation.style, rotary_dim, cos, sin);
+    load_normed(k, t, k_norm, scratch);
+    if (cos != nullptr)
+      rotate_with(rotation.style, rotary_dim, cos, sin, scratch, static_cast<std::ptrdiff_t>(d), k.heads);
     if (k_back.data != nullptr) {
       for (std::size_t h = 0; h < k.heads; ++h) store_kv_row(scratch + h * d, d, k_back.row(t, h), nullptr);
     }
@@ -184,8 +220,13 @@ struct TokenWriter {
       store_kv_row(scratch + h * d, d, cache.k.row(slot, h), KvElement<E>::kScaled ? cache.k.scale(slot, h) : nullptr);
     }
     for (std::size_t h = 0; h < v.heads; ++h) {
-      widen_row(v.row(t, h), v.head_dim, scratch);
-      store_kv_row(scratch, v.head_dim, cache.v.row(slot, h), KvElement<E>::kScaled ? cache.v.scale(slot, h) : nullptr);
+      const float* row = scratch;
+      if constexpr (std::is_same<In, float>::value) {
+        row = v.row(t, h);  // a float row is stored from where it is
+      } else {
+        widen_row(v.row(t, h), v.head_dim, scratch);
+      }
+      store_kv_row(row, v.head_dim, cache.v.row(slot, h), KvElement<E>::kScaled ? cache.v.scale(slot, h) : nullptr);
     }
   }
 };
@@ -380,13 +421,13 @@ void norm_rope_append(const View<InV>& q_view, const View<InV>& k_view, const Vi
   std::vector<float> scratch(workers * per);
   rope::detail::parallel_for(q.tokens, workers, options.executor, [&](std::size_t t, std::size_t w) {
     float* x = scratch.data() + w * per;
+    if (t + 1 < q.tokens) detail::prefetch_token(q, k, v, t + 1);
     const float* cos;
     const float* sin;
     angles.of(t, x + rows, cos, sin);
     // Q first: q_out may be q, and K's write-back never touches q.
-    for (std::size_t h = 0; h < q.heads; ++h) detail::widen_row(q.row(t, h), q.head_dim, x + h * q.head_dim);
-    detail::norm_rotate(x, q.heads, q.head_dim, q_norm, options.rotation.style, rotary_dim, cos, sin);
-    for (std::size_t h = 0; h < q.heads; ++h) store_kv_row(x + h * q.head_dim, q.head_dim, q_out.row(t, h), nullptr);
+    detail::load_normed(q, t, q_norm, x);
+    detail::rotate_store(x, options.rotation.style, rotary_dim, cos, sin, q_out, t);
     writer.write(t, slots[t], cos, sin, x);
   });
 }

@@ -557,26 +557,61 @@ void store_kv_row(const float* x, std::size_t n, Float16* out, float* /*scale*/)
   detail::store_16_row<Float16, Arch>(
       x, n, out, [](const xsimd::batch<float, Arch>& f) { return detail::Float16Lanes<Arch>::round_low(f); });
 }
+namespace detail {
+
+// The int8 scale of a vector whose largest magnitude is m (finite, >= 0):
+// m / 127, except where that underflows for m below 127 times the least
+// subnormal: the least subnormal then, so a nonzero vector keeps a nonzero one.
+inline float int8_scale(float m) noexcept {
+  return m > 0.0f && m / 127.0f == 0.0f ? std::numeric_limits<float>::denorm_min() : m / 127.0f;
+}
+
+}  // namespace detail
+
+// int8, a SIMD block at a time: bit for bit rope::reference::quantize_int8
+// (the maximum is exact in any order; x / s and its rounding are one IEEE
+// operation each, in the current rounding mode, to nearest even by default).
 template <class Arch = xsimd::default_arch>
 void store_kv_row(const float* x, std::size_t n, std::int8_t* out, float* scale) noexcept {
-  float m = 0.0f;
+  using F = xsimd::batch<float, Arch>;
+  constexpr std::size_t lanes = F::size;
+  const std::size_t full = n - n % lanes;
+  // x - x is 0 for a finite x and NaN for a NaN or an infinity.
+  F top(0.0f), probe(0.0f);
+  for (std::size_t c = 0; c < full; c += lanes) {
+    const F v = F::load_unaligned(x + c);
+    probe = probe + (v - v);
+    top = xsimd::max(top, xsimd::abs(v));
+  }
+  float lane_top[lanes], lane_probe[lanes];
+  top.store_unaligned(lane_top);
+  probe.store_unaligned(lane_probe);
   bool finite = true;
-  for (std::size_t c = 0; c < n; ++c) {
+  float m = 0.0f;
+  for (std::size_t i = 0; i < lanes; ++i) {
+    finite = finite && lane_probe[i] == 0.0f;
+    m = std::max(m, lane_top[i]);
+  }
+  for (std::size_t c = full; c < n; ++c) {
     finite = finite && std::isfinite(x[c]);
     m = std::max(m, std::fabs(x[c]));
   }
-  if (!finite) {
+  const float s = detail::int8_scale(m);
+  if (!finite || !(s > 0.0f)) {
     std::fill_n(out, n, std::int8_t(0));
-    *scale = std::numeric_limits<float>::quiet_NaN();
+    *scale = finite ? s : std::numeric_limits<float>::quiet_NaN();
     return;
   }
-  // m / 127 underflows for m below 127 times the least subnormal: the
-  // least subnormal is then the scale, so a nonzero vector keeps a nonzero one.
-  const float s = m > 0.0f && m / 127.0f == 0.0f ? std::numeric_limits<float>::denorm_min() : m / 127.0f;
   *scale = s;
-  for (std::size_t c = 0; c < n; ++c) {
-    const float q = s > 0.0f ? std::nearbyint(x[c] / s) : 0.0f;
-    out[c] = static_cast<std::int8_t>(std::min(127.0f, std::max(-127.0f, q)));
+  const F sb(s), hi(127.0f), lo(-127.0f);
+  for (std::size_t c = 0; c < full; c += lanes) {
+    const F q = xsimd::min(hi, xsimd::max(lo, xsimd::nearbyint(F::load_unaligned(x + c) / sb)));
+    std::int32_t ints[lanes];
+    xsimd::to_int(q).store_unaligned(ints);
+    for (std::size_t i = 0; i < lanes; ++i) out[c + i] = static_cast<std::int8_t>(ints[i]);
+  }
+  for (std::size_t c = full; c < n; ++c) {
+    out[c] = static_cast<std::int8_t>(std::min(127.0f, std::max(-127.0f, std::nearbyint(x[c] / s))));
   }
 }
 
