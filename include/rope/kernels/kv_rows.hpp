@@ -405,6 +405,12 @@ struct KvKeys {
 // The most keys per chunk of attend_keys.
 constexpr std::size_t kAttendMaxChunk = 64;
 
+// How many key tokens ahead attend_keys asks for a token's key and value
+// rows (into L2): batch_decode (32/8 heads, d 128, bf16) measured 4, 16
+// and 48 alike, each about 20% faster than asking for the values alone and
+// into L1, which evicted the query rows and sums.
+constexpr std::size_t kAttendAhead = 4;
+
 // The floats attend_keys works in: q_heads * (d + chunk + dv).
 constexpr std::size_t attend_work(std::size_t q_heads, std::size_t d, std::size_t dv, std::size_t chunk) noexcept {
   return q_heads * (d + chunk + dv);
@@ -462,14 +468,28 @@ void attend_keys(const KvKeys<E>& a, const float* q, float* work, float* m, floa
     l[h] = 0.0f;
   }
   for (std::size_t c = 0; c < H * dv; ++c) ap[c] = 0.0f;
-  detail::ChunkRows<E, Arch> rows;
+  // This chunk's rows and the next one's, whose first tokens are asked for
+  // while the last of this one are worked on.
+  detail::ChunkRows<E, Arch> chunks[2];
+  std::size_t now = 0;
+  if (a.first_key < end) chunks[0].find(a, a.first_key, end - a.first_key < S ? end - a.first_key : S);
   for (std::size_t c0 = a.first_key; c0 < end; c0 += S) {
     const std::size_t count = end - c0 < S ? end - c0 : S;
-    rows.find(a, c0, count);
+    const detail::ChunkRows<E, Arch>& rows = chunks[now];
+    const detail::ChunkRows<E, Arch>& next = chunks[now ^ 1];
+    const std::size_t after = c0 + count, ahead = after < end ? (end - after < S ? end - after : S) : 0;
+    if (ahead > 0) chunks[now ^ 1].find(a, after, ahead);
+    now ^= 1;
     for (std::size_t i = 0; i < count; ++i) {
-      // This token's values, for the weighted pass after the chunk (the
-      // keys are read now; prefetching them ahead as well measured slower).
-      detail::prefetch_rows(rows.v[i], Hk, a.v_head_stride * sizeof(E), dv * sizeof(E));
+      // The key and value rows of the token kAttendAhead tokens on, into
+      // L2 (into L1 they would evict the query rows and sums).
+      const std::size_t j = i + kAttendAhead;
+      if (j < count || j - count < ahead) {
+        const detail::ChunkRows<E, Arch>& at = j < count ? rows : next;
+        const std::size_t jj = j < count ? j : j - count;
+        detail::prefetch_rows_l2(at.k[jj], Hk, a.k_head_stride * sizeof(E), d * sizeof(E));
+        detail::prefetch_rows_l2(at.v[jj], Hk, a.v_head_stride * sizeof(E), dv * sizeof(E));
+      }
       for (std::size_t g = 0; g < Hk; ++g) {
         const float ks = a.k_scales != nullptr ? a.scale * a.k_scales[rows.slots[i] * Hk + g] : a.scale;
         dot_kv<E, Arch>(qp + g * G * d, d, G, d, rows.k[i] + g * a.k_head_stride, scores + g * G * S + i, S, ks);
