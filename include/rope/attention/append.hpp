@@ -105,13 +105,13 @@ struct Norm {
 // h at out + h * d) as floats, normalized per head or over all of them
 // (norm.weight null: only widened). A float row with a per-head norm is
 // normalized straight from x: the widening copy is one pass fewer.
-template <class In>
+template <class In, class Arch>
 void load_normed(const View<const In>& x, std::size_t t, const Norm& norm, float* out) noexcept {
   const std::size_t d = x.head_dim;
   if constexpr (std::is_same<In, float>::value) {
     if (norm.weight != nullptr && !norm.whole) {
       for (std::size_t h = 0; h < x.heads; ++h) {
-        rms_norm_row(x.row(t, h), d, norm.weight, norm.eps, norm.plus_one, out + h * d);
+        rms_norm_row<Arch>(x.row(t, h), d, norm.weight, norm.eps, norm.plus_one, out + h * d);
       }
       return;
     }
@@ -119,10 +119,10 @@ void load_normed(const View<const In>& x, std::size_t t, const Norm& norm, float
   for (std::size_t h = 0; h < x.heads; ++h) widen_row(x.row(t, h), d, out + h * d);
   if (norm.weight == nullptr) return;
   if (norm.whole) {
-    rms_norm_row(out, x.heads * d, norm.weight, norm.eps, norm.plus_one, out);
+    rms_norm_row<Arch>(out, x.heads * d, norm.weight, norm.eps, norm.plus_one, out);
   } else {
     for (std::size_t h = 0; h < x.heads; ++h)
-      rms_norm_row(out + h * d, d, norm.weight, norm.eps, norm.plus_one, out + h * d);
+      rms_norm_row<Arch>(out + h * d, d, norm.weight, norm.eps, norm.plus_one, out + h * d);
   }
 }
 
@@ -131,7 +131,7 @@ void load_normed(const View<const In>& x, std::size_t t, const Norm& norm, float
 // rotated), each value rounded once into Out. A float out is rotated into
 // straight from x (x is left as it was); any other type rotates x in place
 // and rounds it on the way out.
-template <class Out>
+template <class Arch, class Out>
 void rotate_store(float* x, Style style, std::size_t rotary_dim, const float* cos, const float* sin,
                   const View<Out>& out, std::size_t t) noexcept {
   const std::size_t d = out.head_dim, heads = out.heads;
@@ -139,16 +139,16 @@ void rotate_store(float* x, Style style, std::size_t rotary_dim, const float* co
     const std::size_t r = cos != nullptr ? rotary_dim : 0;
     if (r > 0) {
       with_style(style, [&](auto s) {
-        rotate_heads<decltype(s)::value, float>(x, static_cast<std::ptrdiff_t>(d), out.row(t, 0),
-                                                static_cast<std::ptrdiff_t>(out.head_stride), heads, cos, sin, r);
+        rotate_heads<decltype(s)::value, float, Arch>(x, static_cast<std::ptrdiff_t>(d), out.row(t, 0),
+                                                      static_cast<std::ptrdiff_t>(out.head_stride), heads, cos, sin, r);
       });
     }
     if (r < d) {
       for (std::size_t h = 0; h < heads; ++h) std::memcpy(out.row(t, h) + r, x + h * d + r, (d - r) * sizeof(float));
     }
   } else {
-    if (cos != nullptr) rotate_with(style, rotary_dim, cos, sin, x, static_cast<std::ptrdiff_t>(d), heads);
-    for (std::size_t h = 0; h < heads; ++h) store_kv_row(x + h * d, d, out.row(t, h), nullptr);
+    if (cos != nullptr) rotate_with<float, Arch>(style, rotary_dim, cos, sin, x, static_cast<std::ptrdiff_t>(d), heads);
+    for (std::size_t h = 0; h < heads; ++h) store_kv_row<Arch>(x + h * d, d, out.row(t, h), nullptr);
   }
 }
 
@@ -187,7 +187,7 @@ void prefetch_token(const View<const In>& q, const View<const In>& k, const View
 }
 
 // What one token's write needs, checked.
-template <class In, class E>
+template <class In, class E, class Arch = xsimd::default_arch>
 struct TokenWriter {
   View<const In> k, v;
   PagedCache<E> cache;
@@ -208,16 +208,17 @@ struct TokenWriter {
   void write(std::size_t t, std::int64_t s, const float* cos, const float* sin, float* scratch) const noexcept {
     if (s < 0 && k_back.data == nullptr) return;
     const std::size_t d = k.head_dim;
-    load_normed(k, t, k_norm, scratch);
+    load_normed<In, Arch>(k, t, k_norm, scratch);
     if (cos != nullptr)
-      rotate_with(rotation.style, rotary_dim, cos, sin, scratch, static_cast<std::ptrdiff_t>(d), k.heads);
+      rotate_with<float, Arch>(rotation.style, rotary_dim, cos, sin, scratch, static_cast<std::ptrdiff_t>(d), k.heads);
     if (k_back.data != nullptr) {
-      for (std::size_t h = 0; h < k.heads; ++h) store_kv_row(scratch + h * d, d, k_back.row(t, h), nullptr);
+      for (std::size_t h = 0; h < k.heads; ++h) store_kv_row<Arch>(scratch + h * d, d, k_back.row(t, h), nullptr);
     }
     if (s < 0) return;
     const auto slot = static_cast<std::size_t>(s);
     for (std::size_t h = 0; h < k.heads; ++h) {
-      store_kv_row(scratch + h * d, d, cache.k.row(slot, h), KvElement<E>::kScaled ? cache.k.scale(slot, h) : nullptr);
+      store_kv_row<Arch>(scratch + h * d, d, cache.k.row(slot, h),
+                         KvElement<E>::kScaled ? cache.k.scale(slot, h) : nullptr);
     }
     for (std::size_t h = 0; h < v.heads; ++h) {
       const float* row = scratch;
@@ -226,7 +227,8 @@ struct TokenWriter {
       } else {
         widen_row(v.row(t, h), v.head_dim, scratch);
       }
-      store_kv_row(row, v.head_dim, cache.v.row(slot, h), KvElement<E>::kScaled ? cache.v.scale(slot, h) : nullptr);
+      store_kv_row<Arch>(row, v.head_dim, cache.v.row(slot, h),
+                         KvElement<E>::kScaled ? cache.v.scale(slot, h) : nullptr);
     }
   }
 };
@@ -319,7 +321,7 @@ inline TokenAngles angles_of(const char* fn, const Positions& positions, std::si
 // already are their own slot's row: the projection wrote them into the
 // cache; they are left as they are, or rotated in place), positions outside
 // the table.
-template <class InV, class E>
+template <class InV, class E, class Arch = xsimd::default_arch>
 void write_slots(const View<InV>& k_view, const View<InV>& v_view, const std::int64_t* slots,
                  const PagedCache<E>& cache, const WriteOptions& options = {}) {
   using In = std::remove_const_t<InV>;
@@ -339,7 +341,7 @@ void write_slots(const View<InV>& k_view, const View<InV>& v_view, const std::in
                                     {"options.positions", "options.positions"});
     }
   }
-  const detail::TokenWriter<In, E> writer{k_new, v_new, cache, options.rotation, rotary_dim, {}, {}};
+  const detail::TokenWriter<In, E, Arch> writer{k_new, v_new, cache, options.rotation, rotary_dim, {}, {}};
   std::vector<float> scratch(std::max(k_new.heads * k_new.head_dim, v_new.head_dim));
   for (std::size_t t = 0; t < n; ++t) {
     if (slots[t] < 0) continue;
@@ -363,7 +365,7 @@ void write_slots(const View<InV>& k_view, const View<InV>& v_view, const std::in
 // positions outside the table, pair axes that do not fit rotary_dim/2,
 // positions other than 0 with pair axes, views that overlap each other or the cache
 // (q_out may be q; k and v may already be their own slots' rows).
-template <class InV, class QO, class E>
+template <class InV, class QO, class E, class Arch = xsimd::default_arch>
 void norm_rope_append(const View<InV>& q_view, const View<InV>& k_view, const View<InV>& v_view, Positions positions,
                       const std::int64_t* slots, const PagedCache<E>& cache, View<QO> q_out,
                       const AppendOptions& options = {}) {
@@ -413,7 +415,7 @@ void norm_rope_append(const View<InV>& q_view, const View<InV>& k_view, const Vi
   if (options.write_back_k) {
     k_back = View<In>(const_cast<In*>(k.data), k.tokens, k.heads, k.head_dim, k.token_stride, k.head_stride);
   }
-  const detail::TokenWriter<In, E> writer{k, v, cache, options.rotation, rotary_dim, k_norm, k_back};
+  const detail::TokenWriter<In, E, Arch> writer{k, v, cache, options.rotation, rotary_dim, k_norm, k_back};
   const std::size_t workers = std::max<std::size_t>(1, rope::detail::thread_count(options.threads, options.executor));
   // Per worker: a token's rows, then its gathered cos/sin (multi-axis).
   const std::size_t rows = std::max({q.heads * q.head_dim, k.heads * k.head_dim, v.head_dim});
@@ -426,8 +428,8 @@ void norm_rope_append(const View<InV>& q_view, const View<InV>& k_view, const Vi
     const float* sin;
     angles.of(t, x + rows, cos, sin);
     // Q first: q_out may be q, and K's write-back never touches q.
-    detail::load_normed(q, t, q_norm, x);
-    detail::rotate_store(x, options.rotation.style, rotary_dim, cos, sin, q_out, t);
+    detail::load_normed<In, Arch>(q, t, q_norm, x);
+    detail::rotate_store<Arch>(x, options.rotation.style, rotary_dim, cos, sin, q_out, t);
     writer.write(t, slots[t], cos, sin, x);
   });
 }

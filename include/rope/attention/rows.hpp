@@ -21,12 +21,13 @@ namespace rope::attention::detail {
 // rotary_dim channels, with one row of cos and sin (rotary_dim/2 values
 // each): a table's row (rotate_at) or one gathered pair by pair from the
 // rows of several positions (multi-axis positions, append.hpp).
-template <class T>
+template <class T, class Arch = xsimd::default_arch>
 void rotate_with(Style style, std::size_t rotary_dim, const T* cos, const T* sin, T* x, std::ptrdiff_t stride,
                  std::size_t heads) noexcept {
   if (rotary_dim == 0) return;
-  with_style(style,
-             [&](auto s) { rotate_heads<decltype(s)::value, T>(x, stride, x, stride, heads, cos, sin, rotary_dim); });
+  with_style(style, [&](auto s) {
+    rotate_heads<decltype(s)::value, T, Arch>(x, stride, x, stride, heads, cos, sin, rotary_dim);
+  });
 }
 
 // Rotates `heads` rows of d channels in place (row h at x + h * stride), all

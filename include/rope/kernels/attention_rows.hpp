@@ -26,6 +26,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <type_traits>
 
 #include <xsimd/xsimd.hpp>
 
@@ -141,33 +142,41 @@ void weighted_rows(const T* weights, std::size_t weight_stride, std::size_t rows
 // The sum of squares of n floats in the order attention/append.hpp
 // documents: eight chains s_k = fma(x_c, x_c, s_k), c = k, k + 8, ... in
 // order, then ((s_0 + s_4) + (s_2 + s_6)) + ((s_1 + s_5) + (s_3 + s_7)).
-// The eight chains are eight lanes of one fused multiply-add where the
-// compiler targets one (AVX2 with FMA, aarch64), each rounded once as
-// std::fma rounds: the same bits as the scalar loop, which runs elsewhere.
-inline float sum_squares8(const float* x, std::size_t n) noexcept {
+// On an Arch with fused multiply-adds of eight lanes or more (AVX2 with
+// FMA, AVX-512) and on aarch64, the eight chains are eight lanes of one
+// fused multiply-add, each rounded once as std::fma rounds: the same bits as
+// the scalar loop, which runs on every other Arch. Templated on Arch, as
+// every kernel, so that units built with different flags never share a copy.
+template <class Arch = xsimd::default_arch>
+float sum_squares8(const float* x, std::size_t n) noexcept {
   float s[8] = {};
   std::size_t c = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-  __m256 acc = _mm256_setzero_ps();
-  for (; c + 8 <= n; c += 8) {
-    const __m256 v = _mm256_loadu_ps(x + c);
-    acc = _mm256_fmadd_ps(v, v, acc);
+  if constexpr (std::is_base_of<xsimd::fma3<xsimd::avx2>, Arch>::value ||
+                std::is_base_of<xsimd::avx512f, Arch>::value) {
+    __m256 acc = _mm256_setzero_ps();
+    for (; c + 8 <= n; c += 8) {
+      const __m256 v = _mm256_loadu_ps(x + c);
+      acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    _mm256_storeu_ps(s, acc);
   }
-  _mm256_storeu_ps(s, acc);
-#elif defined(__aarch64__)
-  float32x4_t lo = vdupq_n_f32(0.0f), hi = vdupq_n_f32(0.0f);
-  for (; c + 8 <= n; c += 8) {
-    const float32x4_t a = vld1q_f32(x + c), b = vld1q_f32(x + c + 4);
-    lo = vfmaq_f32(lo, a, a);
-    hi = vfmaq_f32(hi, b, b);
+#endif
+#if defined(__aarch64__)
+  if constexpr (std::is_base_of<xsimd::neon64, Arch>::value) {
+    float32x4_t lo = vdupq_n_f32(0.0f), hi = vdupq_n_f32(0.0f);
+    for (; c + 8 <= n; c += 8) {
+      const float32x4_t a = vld1q_f32(x + c), b = vld1q_f32(x + c + 4);
+      lo = vfmaq_f32(lo, a, a);
+      hi = vfmaq_f32(hi, b, b);
+    }
+    vst1q_f32(s, lo);
+    vst1q_f32(s + 4, hi);
   }
-  vst1q_f32(s, lo);
-  vst1q_f32(s + 4, hi);
-#else
+#endif
   for (; c + 8 <= n; c += 8) {
     for (std::size_t k = 0; k < 8; ++k) s[k] = std::fma(x[c + k], x[c + k], s[k]);
   }
-#endif
   for (std::size_t k = 0; c < n; ++c, ++k) s[k] = std::fma(x[c], x[c], s[k]);
   return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }
@@ -177,8 +186,9 @@ inline float sum_squares8(const float* x, std::size_t n) noexcept {
 // (attention/append.hpp has the order and the models it follows). y may be
 // x (in place). Preconditions: w holds n floats; eps > 0; y is x or
 // overlaps neither x nor w.
-inline void rms_norm_row(const float* x, std::size_t n, const float* w, float eps, bool plus_one, float* y) noexcept {
-  const float r = 1.0f / std::sqrt(sum_squares8(x, n) / static_cast<float>(n) + eps);
+template <class Arch = xsimd::default_arch>
+void rms_norm_row(const float* x, std::size_t n, const float* w, float eps, bool plus_one, float* y) noexcept {
+  const float r = 1.0f / std::sqrt(sum_squares8<Arch>(x, n) / static_cast<float>(n) + eps);
   if (plus_one) {
     for (std::size_t c = 0; c < n; ++c) y[c] = (x[c] * r) * (1.0f + w[c]);
   } else {
