@@ -562,7 +562,7 @@ void softmax_batch_step(const View<QV>& q_view, const View<QV>& k_view, const Vi
   rope::detail::check_disjoint(fn, "out", out, "k_new", k_new);
   rope::detail::check_disjoint(fn, "out", out, "v_new", v_new);
   // The only writes before the attention, after every check.
-  const detail::TokenWriter<Q, E> writer{k_new, v_new, cache, options.rotation, plan.rotary_dim, {}, {}};
+  const detail::TokenWriter<Q, E, Arch> writer{k_new, v_new, cache, options.rotation, plan.rotary_dim, {}, {}};
   ws.scratch.resize(std::max(ws.scratch.size(), std::max(k_new.heads * plan.d, plan.dv)));
   for (std::size_t t = 0; t < q.tokens; ++t) writer.write(t, slots[t], positions[t], ws.scratch.data());
   detail::run_batch<Q, E, O, Arch>(q, cache, batch, out, options, plan, ws);
