@@ -586,6 +586,19 @@ inline float int8_scale(float m) noexcept {
   return m > 0.0f && m / 127.0f == 0.0f ? std::numeric_limits<float>::denorm_min() : m / 127.0f;
 }
 
+// Whether store_kv_row quantizes int8 on Arch's lanes: on x86. On NEON
+// the codes are computed one by one: 32-bit NEON divides by a refined
+// reciprocal estimate, and with xsimd 8.1 the aarch64 lanes did not match
+// the scalar codes either.
+template <class Arch>
+constexpr bool divides_exactly() noexcept {
+#if defined(__aarch64__) || defined(__ARM_NEON)
+  return !std::is_base_of<xsimd::neon, Arch>::value;
+#else
+  return true;
+#endif
+}
+
 }  // namespace detail
 
 // int8, a SIMD block at a time: bit for bit rope::reference::quantize_int8
@@ -595,10 +608,11 @@ template <class Arch = xsimd::default_arch>
 void store_kv_row(const float* x, std::size_t n, std::int8_t* out, float* scale) noexcept {
   using F = xsimd::batch<float, Arch>;
   constexpr std::size_t lanes = F::size;
-  const std::size_t full = n - n % lanes;
+  // NEON: every value one by one (divides_exactly).
+  const std::size_t coded = detail::divides_exactly<Arch>() ? n - n % lanes : 0;
   // x - x is 0 for a finite x and NaN for a NaN or an infinity.
   F top(0.0f), probe(0.0f);
-  for (std::size_t c = 0; c < full; c += lanes) {
+  for (std::size_t c = 0; c < coded; c += lanes) {
     const F v = F::load_unaligned(x + c);
     probe = probe + (v - v);
     top = xsimd::max(top, xsimd::abs(v));
@@ -612,7 +626,7 @@ void store_kv_row(const float* x, std::size_t n, std::int8_t* out, float* scale)
     finite = finite && lane_probe[i] == 0.0f;
     m = std::max(m, lane_top[i]);
   }
-  for (std::size_t c = full; c < n; ++c) {
+  for (std::size_t c = coded; c < n; ++c) {
     finite = finite && std::isfinite(x[c]);
     m = std::max(m, std::fabs(x[c]));
   }
@@ -624,13 +638,13 @@ void store_kv_row(const float* x, std::size_t n, std::int8_t* out, float* scale)
   }
   *scale = s;
   const F sb(s), hi(127.0f), lo(-127.0f);
-  for (std::size_t c = 0; c < full; c += lanes) {
+  for (std::size_t c = 0; c < coded; c += lanes) {
     const F q = xsimd::min(hi, xsimd::max(lo, xsimd::nearbyint(F::load_unaligned(x + c) / sb)));
     std::int32_t ints[lanes];
     xsimd::to_int(q).store_unaligned(ints);
     for (std::size_t i = 0; i < lanes; ++i) out[c + i] = static_cast<std::int8_t>(ints[i]);
   }
-  for (std::size_t c = full; c < n; ++c) {
+  for (std::size_t c = coded; c < n; ++c) {
     out[c] = static_cast<std::int8_t>(std::min(127.0f, std::max(-127.0f, std::nearbyint(x[c] / s))));
   }
 }
