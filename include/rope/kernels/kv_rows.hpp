@@ -591,7 +591,7 @@ inline float int8_scale(float m) noexcept {
 // reciprocal estimate, and with xsimd 8.1 the aarch64 lanes did not match
 // the scalar codes either.
 template <class Arch>
-constexpr bool divides_exactly() noexcept {
+constexpr bool quantizes_on_lanes() noexcept {
 #if defined(__aarch64__) || defined(__ARM_NEON)
   return !std::is_base_of<xsimd::neon, Arch>::value;
 #else
@@ -608,8 +608,8 @@ template <class Arch = xsimd::default_arch>
 void store_kv_row(const float* x, std::size_t n, std::int8_t* out, float* scale) noexcept {
   using F = xsimd::batch<float, Arch>;
   constexpr std::size_t lanes = F::size;
-  // NEON: every value one by one (divides_exactly).
-  const std::size_t coded = detail::divides_exactly<Arch>() ? n - n % lanes : 0;
+  // NEON: every value one by one (quantizes_on_lanes).
+  const std::size_t coded = detail::quantizes_on_lanes<Arch>() ? n - n % lanes : 0;
   // x - x is 0 for a finite x and NaN for a NaN or an infinity.
   F top(0.0f), probe(0.0f);
   for (std::size_t c = 0; c < coded; c += lanes) {
