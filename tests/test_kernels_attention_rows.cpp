@@ -6,7 +6,9 @@
 //   rounding each), and is within n * eps * sum |w v| of long double
 //   everywhere;
 //   dot_rows is within d * eps * sum |q k| of long double (its lanes sum in
-//   another order than the reference's loop).
+//   another order than the reference's loop);
+//   rms_norm_row and rms_norm_rows equal the documented plain loop bit for
+//   bit, and are within (n + 8) eps |y| of long double.
 // Every row count 1 .. 10 (the register-blocked 1 .. 8 and the fallback),
 // channel counts around every batch width, strided weights and accumulators,
 // and guard values around every output.
@@ -130,6 +132,65 @@ TYPED_TEST(AttentionRows, DotRowsMatchLongDouble) {
   if (!rope::detail::cpu_supports<Arch>()) GTEST_SKIP() << Arch::name() << " does not run on this CPU";
   check_dot_rows<float, Arch>();
   if constexpr (rope::detail::has_batch<double, Arch>::value) check_dot_rows<double, Arch>();
+}
+
+// RMSNorm in the order attention/append.hpp documents, as a plain loop: the
+// eight chains s[c % 8], their fixed sum, r, then (x r) w.
+void plain_rms_norm(const float* x, std::size_t n, const float* w, float eps, bool plus_one, float* y) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (std::size_t c = 0; c < n; ++c) s[c % 8] = std::fma(x[c], x[c], s[c % 8]);
+  const float ss = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+  const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (std::size_t c = 0; c < n; ++c) y[c] = (x[c] * r) * (plus_one ? 1.0f + w[c] : w[c]);
+}
+
+// rms_norm_row and rms_norm_rows (four rows' sums at a time, groups of 16
+// rows) equal the plain loop bit for bit on every architecture, for every
+// row count around the groups, strided rows, in place and out of place; and
+// are within (n + 8) eps |y| of long double.
+TYPED_TEST(AttentionRows, RmsNormRowsAreThePlainLoopBitForBit) {
+  using Arch = TypeParam;
+  if (!rope::detail::cpu_supports<Arch>()) GTEST_SKIP() << Arch::name() << " does not run on this CPU";
+  const float eps = 1e-6f;
+  for (const std::size_t n : kDims) {
+    const auto w = rope_test::random_vector<float>(n, 5u + n);
+    for (const bool plus_one : {false, true}) {
+      for (std::size_t rows = 1; rows <= 21; rows += (rows < 9 ? 1 : 4)) {
+        const std::size_t stride = n + 3;
+        const auto x = rope_test::random_vector<float>(rows * stride, 31u * rows + n);
+        std::vector<float> want(rows * n), one(rows * n), got(rows * n), in_place(x);
+        for (std::size_t r = 0; r < rows; ++r) {
+          plain_rms_norm(x.data() + r * stride, n, w.data(), eps, plus_one, want.data() + r * n);
+          rope::rms_norm_row<Arch>(x.data() + r * stride, n, w.data(), eps, plus_one, one.data() + r * n);
+        }
+        rope::rms_norm_rows<Arch>(x.data(), stride, rows, n, w.data(), eps, plus_one, got.data(), n);
+        rope::rms_norm_rows<Arch>(in_place.data(), stride, rows, n, w.data(), eps, plus_one, in_place.data(), stride);
+        for (std::size_t r = 0; r < rows; ++r) {
+          long double ss = 0;
+          for (std::size_t c = 0; c < n; ++c) ss += static_cast<long double>(x[r * stride + c]) * x[r * stride + c];
+          const long double inv = 1.0L / std::sqrt(ss / static_cast<long double>(n) + eps);
+          for (std::size_t c = 0; c < n; ++c) {
+            const std::size_t i = r * n + c;
+            ASSERT_EQ(std::memcmp(&one[i], &want[i], sizeof(float)), 0)
+                << Arch::name() << " rms_norm_row n " << n << " row " << r << " channel " << c;
+            ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0)
+                << Arch::name() << " rms_norm_rows n " << n << " rows " << rows << " row " << r << " channel " << c;
+            ASSERT_EQ(std::memcmp(&in_place[r * stride + c], &want[i], sizeof(float)), 0)
+                << Arch::name() << " rms_norm_rows in place n " << n << " rows " << rows << " row " << r;
+            const long double exact =
+                x[r * stride + c] * inv * (plus_one ? 1.0L + w[c] : static_cast<long double>(w[c]));
+            const double bound = static_cast<double>(n + 8) * std::numeric_limits<float>::epsilon() *
+                                 static_cast<double>(std::fabs(exact));
+            ASSERT_NEAR(static_cast<double>(got[i]), static_cast<double>(exact), bound) << Arch::name() << " n " << n;
+          }
+          for (std::size_t c = n; c < stride; ++c) {
+            ASSERT_EQ(std::memcmp(&in_place[r * stride + c], &x[r * stride + c], sizeof(float)), 0)
+                << "a gap between rows was written";
+          }
+        }
+      }
+    }
+  }
 }
 
 // A NaN in one value row reaches every accumulator that weighs it, and no
