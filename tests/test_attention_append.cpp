@@ -5,7 +5,9 @@
 // way). Bit for bit, over input, q_out and cache types, both pairings,
 // partial rotary, grouped-query heads, every norm form, positions as offset
 // and ids, NHD and HND pools, a fused QKV buffer, padding slots, K's
-// write-back, threads and executors; NaN confinement to its own token; and
+// write-back, threads and executors, long calls (the norm one head at a
+// time) against the same tokens one call each; NaN confinement to its own
+// token; and
 // every refusal, which must leave every output byte as it was. Multi-axis
 // positions (options.pair_axes) against the norm, rope::apply_mrope on float
 // rows and write_slots of the results, and against the one-position call
@@ -54,7 +56,8 @@ struct Case {
   bool write_back = false;
   std::size_t threads = 1;
   rope::Executor executor;
-  int nan_token = -1;  // >= 0: one NaN in that token's row of nan_in
+  rope::Stores stores = rope::Stores::automatic;  // small calls: cached
+  int nan_token = -1;                             // >= 0: one NaN in that token's row of nan_in
   char nan_in = 'q';
   std::size_t nan_head = 0;
 };
@@ -224,6 +227,7 @@ struct Fixture {
     o.write_back_k = c.write_back;
     o.threads = c.threads;
     o.executor = c.executor;
+    o.stores = c.stores;
     return o;
   }
 
@@ -324,6 +328,10 @@ void sweep(bool in_place) {
             c.write_back = layout >= 2;
             c.in_place = in_place;
             expect_matches_unfused<In, QO, E>(c, describe(c));
+            // Streamed cache rows: the same bytes.
+            c.stores = rope::Stores::streaming;
+            c.threads = layout == 3 ? 2 : 1;
+            expect_matches_unfused<In, QO, E>(c, describe(c) + " streaming");
           }
         }
       }
@@ -492,6 +500,71 @@ TEST(NormRopeAppend, SameBytesOnEveryThreadCountAndExecutor) {
   c.hnd = true;
   c.ids = true;
   expect_same_bytes_whoever_runs<BFloat16, BFloat16, I8>(c);
+}
+
+// A call of more tokens per worker than ra::kGroupedNormTokens normalizes
+// one head at a time, a short one several at a time: the same bytes as the
+// long call made token by token (each call one token, so grouped), on 1
+// and 3 threads, per-head norm over an f32 and an i8 cache.
+template <class E>
+void expect_long_call_is_token_by_token() {
+  const std::size_t T = 3 * ra::kGroupedNormTokens + 5, H = 6, G = 2, D = 40, page = 16;
+  const std::size_t pages = (T + page - 1) / page;
+  const rope::Table<float> table(rope::frequencies(D, 10000.0), T);
+  const auto x = rope_test::random_vector<float>(T * (H + 2 * G) * D, 31, 2.0);
+  auto qw = rope_test::random_vector<float>(D, 32, 1.0);
+  auto kw = rope_test::random_vector<float>(D, 33, 1.0);
+  std::vector<std::int64_t> slots(T);
+  for (std::size_t t = 0; t < T; ++t) slots[t] = static_cast<std::int64_t>((t * 7) % T);  // 7 is prime to T
+  slots[9] = -1;
+  ra::AppendOptions o;
+  o.rotation.table = &table;
+  o.q_norm = {qw.data(), D};
+  o.k_norm = {kw.data(), D};
+  o.eps = 1e-5f;
+  struct Out {
+    std::vector<float> q;
+    std::vector<E> kp, vp;
+    std::vector<float> ks, vs;
+  };
+  const auto run = [&](std::size_t threads, bool token_by_token) {
+    Out out;
+    out.q.assign(T * H * D, -3.0f);
+    out.kp.assign(pages * page * G * D, E{});
+    out.vp.assign(pages * page * G * D, E{});
+    out.ks.assign(rope::KvElement<E>::kScaled ? pages * page * G : 0, -1.0f);
+    out.vs.assign(out.ks.size(), -1.0f);
+    float* ks = out.ks.empty() ? nullptr : out.ks.data();
+    float* vs = out.vs.empty() ? nullptr : out.vs.data();
+    const ra::PagedCache<E> cache{ra::PagePool<E>::nhd(out.kp.data(), pages, page, G, D, ks),
+                                  ra::PagePool<E>::nhd(out.vp.data(), pages, page, G, D, vs)};
+    const std::size_t row = (H + 2 * G) * D;
+    ra::AppendOptions opt = o;
+    opt.threads = threads;
+    const std::size_t step = token_by_token ? 1 : T;
+    for (std::size_t t0 = 0; t0 < T; t0 += step) {
+      const float* base = x.data() + t0 * row;
+      const rope::View<const float> q(base, step, H, D, row, D), k(base + H * D, step, G, D, row, D),
+          v(base + (H + G) * D, step, G, D, row, D);
+      const rope::View<float> qo(out.q.data() + t0 * H * D, step, H, D, H * D, D);
+      ra::norm_rope_append(q, k, v, static_cast<std::int64_t>(t0), slots.data() + t0, cache, qo, opt);
+    }
+    return out;
+  };
+  const Out want = run(1, true);
+  for (const std::size_t threads : {std::size_t{1}, std::size_t{3}}) {
+    const Out got = run(threads, false);
+    EXPECT_EQ(bytes_of(got.q), bytes_of(want.q)) << threads;
+    EXPECT_EQ(bytes_of(got.kp), bytes_of(want.kp)) << threads;
+    EXPECT_EQ(bytes_of(got.vp), bytes_of(want.vp)) << threads;
+    EXPECT_EQ(bytes_of(got.ks), bytes_of(want.ks)) << threads;
+    EXPECT_EQ(bytes_of(got.vs), bytes_of(want.vs)) << threads;
+  }
+}
+
+TEST(NormRopeAppend, LongCallIsTheCallTokenByToken) {
+  expect_long_call_is_token_by_token<float>();
+  expect_long_call_is_token_by_token<I8>();
 }
 
 // A NaN in one token's q, k or v row reaches that token's own outputs only.

@@ -735,44 +735,49 @@ void check_write_rotated() {
   const auto kf = rope_test::random_vector<float>(n * heads * d, 6, 2.0);
   const auto vf = rope_test::random_vector<float>(n * heads * d, 7, 2.0);
   const std::int64_t slots[n] = {3, 7, 8, 1, 11}, positions[n] = {0, 63, 17, 5, 40};
-  for (const rope::Style style : {rope::Style::rotate_half, rope::Style::block_diagonal}) {
-    rope::attention::WriteOptions w;
-    w.rotation = {&table, style};
-    w.positions = positions;
-    rope::attention::write_slots(View<const float>::token_major(kf.data(), n, heads, d),
-                                 View<const float>::token_major(vf.data(), n, heads, d), slots, cache, w);
-    std::vector<float> rotated = kf;
-    rope::apply(View<float>::token_major(rotated.data(), n, heads, d), table, style, rope::Positions(positions));
-    for (std::size_t t = 0; t < n; ++t) {
-      for (std::size_t h = 0; h < heads; ++h) {
-        const float* r = &rotated[(t * heads + h) * d];
-        std::vector<float> twin(d);
-        const float* x = &kf[(t * heads + h) * d];
-        std::copy(x, x + d, twin.begin());
-        rope::reference::rotate<rope::Style::rotate_half>(x, twin.data(), table.cos(positions[t]),
-                                                          table.sin(positions[t]), 8);
-        if (style == rope::Style::block_diagonal) {
-          rope::reference::rotate<rope::Style::block_diagonal>(x, twin.data(), table.cos(positions[t]),
-                                                               table.sin(positions[t]), 8);
-        }
-        for (std::size_t c = 0; c < d; ++c) {
-          ASSERT_LE(std::fabs(r[c] - twin[c]), 4 * kEps * 2 * 2.0) << "rotation far from reference::rotate";
-        }
-        std::vector<E> want_k(d), want_v(d);
-        float want_ks = 0, want_vs = 0;
-        rope::store_kv_row(r, d, want_k.data(), &want_ks);
-        rope::store_kv_row(&vf[(t * heads + h) * d], d, want_v.data(), &want_vs);
-        const std::size_t s = static_cast<std::size_t>(slots[t]);
-        EXPECT_EQ(std::memcmp(cache.k.row(s, h), want_k.data(), d * sizeof(E)), 0)
-            << element_name<E>() << " " << rope::name(style) << " token " << t << " head " << h;
-        EXPECT_EQ(std::memcmp(cache.v.row(s, h), want_v.data(), d * sizeof(E)), 0) << "V rotated?";
-        if (scaled) {
-          EXPECT_EQ(*cache.k.scale(s, h), want_ks);
-          EXPECT_EQ(*cache.v.scale(s, h), want_vs);
+  for (const rope::Stores stores : {rope::Stores::cached, rope::Stores::streaming})
+    for (const rope::Style style : {rope::Style::rotate_half, rope::Style::block_diagonal}) {
+      std::fill(kd.begin(), kd.end(), poison<E>());
+      std::fill(vd.begin(), vd.end(), poison<E>());
+      rope::attention::WriteOptions w;
+      w.rotation = {&table, style};
+      w.positions = positions;
+      w.stores = stores;  // streamed rows: the same bytes
+      rope::attention::write_slots(View<const float>::token_major(kf.data(), n, heads, d),
+                                   View<const float>::token_major(vf.data(), n, heads, d), slots, cache, w);
+      std::vector<float> rotated = kf;
+      rope::apply(View<float>::token_major(rotated.data(), n, heads, d), table, style, rope::Positions(positions));
+      for (std::size_t t = 0; t < n; ++t) {
+        for (std::size_t h = 0; h < heads; ++h) {
+          const float* r = &rotated[(t * heads + h) * d];
+          std::vector<float> twin(d);
+          const float* x = &kf[(t * heads + h) * d];
+          std::copy(x, x + d, twin.begin());
+          rope::reference::rotate<rope::Style::rotate_half>(x, twin.data(), table.cos(positions[t]),
+                                                            table.sin(positions[t]), 8);
+          if (style == rope::Style::block_diagonal) {
+            rope::reference::rotate<rope::Style::block_diagonal>(x, twin.data(), table.cos(positions[t]),
+                                                                 table.sin(positions[t]), 8);
+          }
+          for (std::size_t c = 0; c < d; ++c) {
+            ASSERT_LE(std::fabs(r[c] - twin[c]), 4 * kEps * 2 * 2.0) << "rotation far from reference::rotate";
+          }
+          std::vector<E> want_k(d), want_v(d);
+          float want_ks = 0, want_vs = 0;
+          rope::store_kv_row(r, d, want_k.data(), &want_ks);
+          rope::store_kv_row(&vf[(t * heads + h) * d], d, want_v.data(), &want_vs);
+          const std::size_t s = static_cast<std::size_t>(slots[t]);
+          EXPECT_EQ(std::memcmp(cache.k.row(s, h), want_k.data(), d * sizeof(E)), 0)
+              << element_name<E>() << " " << rope::name(style) << " token " << t << " head " << h
+              << (stores == rope::Stores::streaming ? " streaming" : "");
+          EXPECT_EQ(std::memcmp(cache.v.row(s, h), want_v.data(), d * sizeof(E)), 0) << "V rotated?";
+          if (scaled) {
+            EXPECT_EQ(*cache.k.scale(s, h), want_ks);
+            EXPECT_EQ(*cache.v.scale(s, h), want_vs);
+          }
         }
       }
     }
-  }
 }
 
 TEST(AttentionBatch, WriteSlotsRotatesKAtPositions) {

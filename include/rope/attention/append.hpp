@@ -28,6 +28,17 @@
 // OLMo 2), the weight holding that many values. One rounding of y into the
 // stored type follows the rotation; models that round x * r to their
 // activation type before the weight differ from this by that rounding.
+//
+// Stores: a long prefill writes more cache rows than the caches hold, and
+// a plain store of an uncached line first reads it; with streaming stores
+// (options.stores, rope::Stores) the rows go to memory without that read
+// and without evicting the input. Stores::automatic streams when one call
+// writes at least kStreamedCacheBytes of cache rows, never for a decode
+// step, whose few rows the attention that follows reads from cache. A
+// float cache without streaming takes K rotated straight into its rows.
+// Threads take contiguous shares of the tokens; each orders its streamed
+// rows (a store fence) before the join. The bits are the same in every
+// case: only where the rounded values go changes.
 #pragma once
 
 #include <algorithm>
@@ -41,9 +52,11 @@
 
 #include "../detail/parallel.hpp"
 #include "../detail/prefetch.hpp"
+#include "../detail/stream.hpp"
 #include "../kernels/attention_rows.hpp"
 #include "../kernels/kv_rows.hpp"
 #include "../multi_axis.hpp"
+#include "../options.hpp"
 #include "../tensor/checks.hpp"
 #include "../tensor/view_checks.hpp"
 #include "checks.hpp"
@@ -60,6 +73,7 @@ namespace rope::attention {
 struct WriteOptions {
   Rotation<float> rotation;
   const std::int64_t* positions = nullptr;
+  rope::Stores stores = rope::Stores::automatic;  // how the cache rows are stored (see AppendOptions::stores)
 };
 
 // RMSNorm weights of one side (Q or K): null for no norm on that side;
@@ -89,7 +103,21 @@ struct AppendOptions {
   // table neither is read (nothing is rotated).
   const PairAxes* pair_axes = nullptr;
   const std::int64_t* axis_positions = nullptr;
+  // How the cache rows are stored: streaming stores skip the read a plain
+  // store of an uncached line costs and leave the rows out of cache;
+  // automatic streams when the call writes at least kStreamedCacheBytes of
+  // cache rows (a long prefill), never a decode step's few rows, which the
+  // attention that follows reads from cache. The same bits either way.
+  rope::Stores stores = rope::Stores::automatic;
 };
+
+// The cache bytes one call must write before Stores::automatic streams them.
+constexpr std::size_t kStreamedCacheBytes = std::size_t(8) << 20;
+
+// The tokens per worker up to which norm_rope_append normalizes four heads
+// at a time (rms_norm_rows; a decode step), one at a time above (a
+// prefill). The same bits either way.
+constexpr std::size_t kGroupedNormTokens = 64;
 
 namespace detail {
 
@@ -99,7 +127,27 @@ struct Norm {
   float eps = 0;
   bool plus_one = false;
   bool whole = false;
+  // Per-head norms of a token several rows at a time (rms_norm_rows): the
+  // same bits. Set for calls of few tokens per worker (a decode step), whose
+  // rows are in cache and which wait on the norm's latency; a long prefill
+  // waits on memory, where one row at a time overlapped better when
+  // measured (bench_fused.cpp).
+  bool grouped = false;
 };
+
+// rms_norm_row of x.heads rows (row h at x + h * x_stride) into out (row h
+// at out + h * d), grouped or one by one as norm says.
+template <class Arch>
+void norm_heads(const float* x, std::size_t x_stride, std::size_t heads, std::size_t d, const Norm& norm,
+                float* out) noexcept {
+  if (norm.grouped) {
+    rms_norm_rows<Arch>(x, x_stride, heads, d, norm.weight, norm.eps, norm.plus_one, out, d);
+    return;
+  }
+  for (std::size_t h = 0; h < heads; ++h) {
+    rms_norm_row<Arch>(x + h * x_stride, d, norm.weight, norm.eps, norm.plus_one, out + h * d);
+  }
+}
 
 // Token t's rows of x (x.heads rows of d = x.head_dim values) into out (row
 // h at out + h * d) as floats, normalized per head or over all of them
@@ -110,9 +158,7 @@ void load_normed(const View<const In>& x, std::size_t t, const Norm& norm, float
   const std::size_t d = x.head_dim;
   if constexpr (std::is_same<In, float>::value) {
     if (norm.weight != nullptr && !norm.whole) {
-      for (std::size_t h = 0; h < x.heads; ++h) {
-        rms_norm_row<Arch>(x.row(t, h), d, norm.weight, norm.eps, norm.plus_one, out + h * d);
-      }
+      norm_heads<Arch>(x.row(t, 0), x.head_stride, x.heads, d, norm, out);
       return;
     }
   }
@@ -121,8 +167,7 @@ void load_normed(const View<const In>& x, std::size_t t, const Norm& norm, float
   if (norm.whole) {
     rms_norm_row<Arch>(out, x.heads * d, norm.weight, norm.eps, norm.plus_one, out);
   } else {
-    for (std::size_t h = 0; h < x.heads; ++h)
-      rms_norm_row<Arch>(out + h * d, d, norm.weight, norm.eps, norm.plus_one, out + h * d);
+    norm_heads<Arch>(out, d, x.heads, d, norm, out);
   }
 }
 
@@ -194,10 +239,17 @@ struct TokenWriter {
   Rotation<float> rotation;
   std::size_t rotary_dim = 0;
   Norm k_norm;
-  View<In> k_back;  // data null: K not written back
+  View<In> k_back;      // data null: K not written back
+  bool stream = false;  // cache rows written with streaming stores (then stream_fence before a join)
+
+  // Floats of scratch write() needs: a token's K rows (or one V row), and
+  // with streaming one row of E staged before it is streamed.
+  std::size_t scratch_size() const noexcept {
+    return std::max(k.heads * k.head_dim, v.head_dim) + (stream ? std::max(k.head_dim, v.head_dim) : 0);
+  }
 
   // Token t's K rows (normalized, rotated at m) and V rows into slot s (s
-  // < 0: only the write-back), each value rounded once. scratch: heads * d floats.
+  // < 0: only the write-back), each value rounded once. scratch: scratch_size() floats.
   void write(std::size_t t, std::int64_t s, std::int64_t m, float* scratch) const noexcept {
     const bool rotated = rotation.table != nullptr;
     const auto row = static_cast<std::size_t>(m);
@@ -208,18 +260,34 @@ struct TokenWriter {
   void write(std::size_t t, std::int64_t s, const float* cos, const float* sin, float* scratch) const noexcept {
     if (s < 0 && k_back.data == nullptr) return;
     const std::size_t d = k.head_dim;
+    const auto slot = static_cast<std::size_t>(s);
     load_normed<In, Arch>(k, t, k_norm, scratch);
+    if constexpr (std::is_same<E, float>::value) {
+      if (s >= 0 && !stream && k_back.data == nullptr) {
+        // An f32 cache: K rotated from scratch straight into its rows.
+        rotate_store<Arch>(scratch, rotation.style, rotary_dim, cos, sin,
+                           View<float>(cache.k.row(slot, 0), 1, k.heads, d, 0, cache.k.head_stride), 0);
+        write_v(t, slot, scratch);
+        return;
+      }
+    }
     if (cos != nullptr)
       rotate_with<float, Arch>(rotation.style, rotary_dim, cos, sin, scratch, static_cast<std::ptrdiff_t>(d), k.heads);
     if (k_back.data != nullptr) {
       for (std::size_t h = 0; h < k.heads; ++h) store_kv_row<Arch>(scratch + h * d, d, k_back.row(t, h), nullptr);
     }
     if (s < 0) return;
-    const auto slot = static_cast<std::size_t>(s);
+    float* staging = scratch + std::max(k.heads * d, v.head_dim);
     for (std::size_t h = 0; h < k.heads; ++h) {
-      store_kv_row<Arch>(scratch + h * d, d, cache.k.row(slot, h),
-                         KvElement<E>::kScaled ? cache.k.scale(slot, h) : nullptr);
+      put(scratch + h * d, d, cache.k.row(slot, h), KvElement<E>::kScaled ? cache.k.scale(slot, h) : nullptr, staging);
     }
+    write_v(t, slot, scratch);
+  }
+
+ private:
+  // Token t's V rows into slot (scratch: a widened row, and the staging).
+  void write_v(std::size_t t, std::size_t slot, float* scratch) const noexcept {
+    float* staging = scratch + std::max(k.heads * k.head_dim, v.head_dim);
     for (std::size_t h = 0; h < v.heads; ++h) {
       const float* row = scratch;
       if constexpr (std::is_same<In, float>::value) {
@@ -227,11 +295,38 @@ struct TokenWriter {
       } else {
         widen_row(v.row(t, h), v.head_dim, scratch);
       }
-      store_kv_row<Arch>(row, v.head_dim, cache.v.row(slot, h),
-                         KvElement<E>::kScaled ? cache.v.scale(slot, h) : nullptr);
+      put(row, v.head_dim, cache.v.row(slot, h), KvElement<E>::kScaled ? cache.v.scale(slot, h) : nullptr, staging);
     }
   }
+
+  // One row of n floats rounded into out: stored, or (stream) rounded into
+  // staging and streamed from there, the same values either way.
+  void put(const float* x, std::size_t n, E* out, float* scale, float* staging) const noexcept {
+    if (!stream) {
+      store_kv_row<Arch>(x, n, out, scale);
+      return;
+    }
+    const void* from = x;
+    if constexpr (!std::is_same<E, float>::value) {
+      store_kv_row<Arch>(x, n, reinterpret_cast<E*>(staging), scale);
+      from = staging;
+    }
+    rope::detail::stream_copy<Arch>(out, from, n * sizeof(E));
+  }
 };
+
+// Whether a call streams its cache rows: `stores`, or with automatic the
+// bytes of the rows it writes (tokens with a slot) against
+// kStreamedCacheBytes.
+template <class E, class In>
+bool streams(rope::Stores stores, const std::int64_t* slots, std::size_t tokens, const View<const In>& k,
+             const View<const In>& v) noexcept {
+  if (stores != rope::Stores::automatic) return stores == rope::Stores::streaming;
+  std::size_t written = 0;
+  for (std::size_t t = 0; t < tokens; ++t) written += slots[t] >= 0 ? 1 : 0;
+  const std::size_t per_token = (k.heads * k.head_dim + v.heads * v.head_dim) * sizeof(E);
+  return written * per_token >= kStreamedCacheBytes;
+}
 
 // Checks new K and V rows against the cache and the slots: every slot -1
 // or inside the pool, none twice, rows that fit the pools, and memory apart
@@ -341,13 +436,15 @@ void write_slots(const View<InV>& k_view, const View<InV>& v_view, const std::in
                                     {"options.positions", "options.positions"});
     }
   }
-  const detail::TokenWriter<In, E, Arch> writer{k_new, v_new, cache, options.rotation, rotary_dim, {}, {}};
-  std::vector<float> scratch(std::max(k_new.heads * k_new.head_dim, v_new.head_dim));
+  const bool stream = detail::streams<E>(options.stores, slots, n, k_new, v_new);
+  const detail::TokenWriter<In, E, Arch> writer{k_new, v_new, cache, options.rotation, rotary_dim, {}, {}, stream};
+  std::vector<float> scratch(writer.scratch_size());
   for (std::size_t t = 0; t < n; ++t) {
     if (slots[t] < 0) continue;
     const std::int64_t m = options.rotation.table != nullptr ? options.positions[t] : 0;
     writer.write(t, slots[t], m, scratch.data());
   }
+  if (stream) rope::detail::stream_fence<Arch>();
 }
 
 // The step before attention, one pass per token (see the header comment):
@@ -403,10 +500,10 @@ void norm_rope_append(const View<InV>& q_view, const View<InV>& k_view, const Vi
     rope::detail::check_disjoint(fn, "k", k, "v", v);
     if (!q_in_place) rope::detail::check_disjoint(fn, "k", k, "q_out", q_out);
   }
-  const detail::Norm q_norm = detail::norm_of(fn, "options.q_norm", options.q_norm,
-                                              options.whole_projection ? q.heads * q.head_dim : q.head_dim, options);
-  const detail::Norm k_norm = detail::norm_of(fn, "options.k_norm", options.k_norm,
-                                              options.whole_projection ? k.heads * k.head_dim : k.head_dim, options);
+  detail::Norm q_norm = detail::norm_of(fn, "options.q_norm", options.q_norm,
+                                        options.whole_projection ? q.heads * q.head_dim : q.head_dim, options);
+  detail::Norm k_norm = detail::norm_of(fn, "options.k_norm", options.k_norm,
+                                        options.whole_projection ? k.heads * k.head_dim : k.head_dim, options);
   const std::size_t rotary_dim = detail::rotary_width(fn, "options.rotation", options.rotation, q.head_dim);
   const detail::TokenAngles angles = detail::angles_of(fn, positions, q.tokens, rotary_dim, options);
   rope::detail::check_threads(fn, "options.threads", options.threads);
@@ -415,22 +512,34 @@ void norm_rope_append(const View<InV>& q_view, const View<InV>& k_view, const Vi
   if (options.write_back_k) {
     k_back = View<In>(const_cast<In*>(k.data), k.tokens, k.heads, k.head_dim, k.token_stride, k.head_stride);
   }
-  const detail::TokenWriter<In, E, Arch> writer{k, v, cache, options.rotation, rotary_dim, k_norm, k_back};
-  const std::size_t workers = std::max<std::size_t>(1, rope::detail::thread_count(options.threads, options.executor));
-  // Per worker: a token's rows, then its gathered cos/sin (multi-axis).
-  const std::size_t rows = std::max({q.heads * q.head_dim, k.heads * k.head_dim, v.head_dim});
+  const std::size_t tokens = q.tokens;
+  if (tokens == 0) return;
+  const std::size_t workers =
+      std::min(tokens, std::max<std::size_t>(1, rope::detail::thread_count(options.threads, options.executor)));
+  q_norm.grouped = k_norm.grouped = tokens <= workers * kGroupedNormTokens;
+  const bool stream = detail::streams<E>(options.stores, slots, tokens, k, v);
+  const detail::TokenWriter<In, E, Arch> writer{k, v, cache, options.rotation, rotary_dim, k_norm, k_back, stream};
+  // Per worker: a token's rows (the writer's scratch), then its gathered
+  // cos/sin (multi-axis).
+  const std::size_t rows = std::max(q.heads * q.head_dim, writer.scratch_size());
   const std::size_t per = rows + (angles.multi ? rotary_dim : 0);
   std::vector<float> scratch(workers * per);
-  rope::detail::parallel_for(q.tokens, workers, options.executor, [&](std::size_t t, std::size_t w) {
+  // Worker w takes the contiguous share of tokens parallel_for would give
+  // it, and orders its streamed rows before the join.
+  rope::detail::parallel_for(workers, workers, options.executor, [&](std::size_t w, std::size_t) {
     float* x = scratch.data() + w * per;
-    if (t + 1 < q.tokens) detail::prefetch_token(q, k, v, t + 1);
-    const float* cos;
-    const float* sin;
-    angles.of(t, x + rows, cos, sin);
-    // Q first: q_out may be q, and K's write-back never touches q.
-    detail::load_normed<In, Arch>(q, t, q_norm, x);
-    detail::rotate_store<Arch>(x, options.rotation.style, rotary_dim, cos, sin, q_out, t);
-    writer.write(t, slots[t], cos, sin, x);
+    const std::size_t end = tokens * (w + 1) / workers;
+    for (std::size_t t = tokens * w / workers; t < end; ++t) {
+      if (t + 1 < tokens) detail::prefetch_token(q, k, v, t + 1);
+      const float* cos;
+      const float* sin;
+      angles.of(t, x + rows, cos, sin);
+      // Q first: q_out may be q, and K's write-back never touches q.
+      detail::load_normed<In, Arch>(q, t, q_norm, x);
+      detail::rotate_store<Arch>(x, options.rotation.style, rotary_dim, cos, sin, q_out, t);
+      writer.write(t, slots[t], cos, sin, x);
+    }
+    if (stream) rope::detail::stream_fence<Arch>();
   });
 }
 
