@@ -159,16 +159,45 @@ xsimd::batch<std::uint32_t, Arch> as_bits(const xsimd::batch<float, Arch>& v) no
 #endif
 }
 
+// Whether Arch is an x86 instruction set without fused multiply-adds
+// (SSE2 .. SSE4.2, AVX, AVX2 without FMA), where xsimd's fma is x * y + z.
+template <class Arch>
+constexpr bool unfused_x86() noexcept {
+  return (std::is_base_of<xsimd::sse2, Arch>::value || std::is_base_of<xsimd::avx, Arch>::value) &&
+         !std::is_base_of<xsimd::fma3<xsimd::sse4_2>, Arch>::value &&
+         !std::is_base_of<xsimd::fma3<xsimd::avx>, Arch>::value &&
+         !std::is_base_of<xsimd::fma3<xsimd::avx2>, Arch>::value && !std::is_base_of<xsimd::fma4, Arch>::value &&
+         !std::is_base_of<xsimd::avx512f, Arch>::value;
+}
+
+// v, as a value the compiler cannot see into: a product passed through it
+// is rounded where it stands and never contracted into a later add.
+template <class B>
+ROPE_ALWAYS_INLINE B opaque(const B& v) noexcept {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  typename B::register_type r = v;
+  __asm__("" : "+x"(r));
+  return B(r);
+#else
+  return v;
+#endif
+}
+
 // x * y + z and z - x * y, each rounded once where Arch has fused
 // multiply-adds, twice where it has none (SSE2). Calling the instruction
 // itself where xsimd 8.1 would write x * y + z keeps the result what the
 // kernel spells: with GCC's default -ffp-contract=fast, z - x * y with z a
 // product a * c may otherwise become fma(a, c, -(x * y)), rounding the other
 // product, and differ in the last bit from the same kernel on another
-// instruction set or xsimd version.
+// instruction set or xsimd version. On an x86 Arch without fused
+// multiply-adds built with flags that have them (-march=native on an FMA
+// machine) the compiler would contract x * y + z with either product, or
+// neither, kernel by kernel: both terms pass through opaque, so the sum is
+// of two rounded values everywhere.
 template <class T, class Arch>
 xsimd::batch<T, Arch> mul_add(const xsimd::batch<T, Arch>& x, const xsimd::batch<T, Arch>& y,
                               const xsimd::batch<T, Arch>& z) noexcept {
+  if constexpr (unfused_x86<Arch>()) return opaque(x * y) + opaque(z);
 #if XSIMD_VERSION_MAJOR < 13 && defined(__AVX512F__)
   if constexpr (std::is_base_of<xsimd::avx512f, Arch>::value) {
     if constexpr (std::is_same<T, float>::value) return _mm512_fmadd_ps(x, y, z);
@@ -188,6 +217,7 @@ xsimd::batch<T, Arch> mul_add(const xsimd::batch<T, Arch>& x, const xsimd::batch
 template <class T, class Arch>
 xsimd::batch<T, Arch> neg_mul_add(const xsimd::batch<T, Arch>& x, const xsimd::batch<T, Arch>& y,
                                   const xsimd::batch<T, Arch>& z) noexcept {
+  if constexpr (unfused_x86<Arch>()) return opaque(z) - opaque(x * y);
 #if XSIMD_VERSION_MAJOR < 13 && defined(__AVX512F__)
   if constexpr (std::is_base_of<xsimd::avx512f, Arch>::value) {
     if constexpr (std::is_same<T, float>::value) return _mm512_fnmadd_ps(x, y, z);
