@@ -244,9 +244,7 @@ struct TokenWriter {
 
   // Floats of scratch write() needs: a token's K rows (or one V row), and
   // with streaming one row of E staged before it is streamed.
-  std::size_t scratch_size() const noexcept {
-    return std::max(k.heads * k.head_dim, v.head_dim) + (stream ? std::max(k.head_dim, v.head_dim) : 0);
-  }
+  std::size_t scratch_size() const noexcept { return rows_size() + (stream ? std::max(k.head_dim, v.head_dim) : 0); }
 
   // Token t's K rows (normalized, rotated at m) and V rows into slot s (s
   // < 0: only the write-back), each value rounded once. scratch: scratch_size() floats.
@@ -277,7 +275,7 @@ struct TokenWriter {
       for (std::size_t h = 0; h < k.heads; ++h) store_kv_row<Arch>(scratch + h * d, d, k_back.row(t, h), nullptr);
     }
     if (s < 0) return;
-    float* staging = scratch + std::max(k.heads * d, v.head_dim);
+    float* staging = scratch + rows_size();
     for (std::size_t h = 0; h < k.heads; ++h) {
       put(scratch + h * d, d, cache.k.row(slot, h), KvElement<E>::kScaled ? cache.k.scale(slot, h) : nullptr, staging);
     }
@@ -285,9 +283,12 @@ struct TokenWriter {
   }
 
  private:
+  // Floats of scratch before the staging row: a token's K rows, or one V row.
+  std::size_t rows_size() const noexcept { return std::max(k.heads * k.head_dim, v.head_dim); }
+
   // Token t's V rows into slot (scratch: a widened row, and the staging).
   void write_v(std::size_t t, std::size_t slot, float* scratch) const noexcept {
-    float* staging = scratch + std::max(k.heads * k.head_dim, v.head_dim);
+    float* staging = scratch + rows_size();
     for (std::size_t h = 0; h < v.heads; ++h) {
       const float* row = scratch;
       if constexpr (std::is_same<In, float>::value) {
