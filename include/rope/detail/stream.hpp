@@ -27,8 +27,13 @@
 
 namespace rope::detail {
 
-// Copies bytes from src to dst (no overlap). The part of dst aligned to a
-// vector is written with streaming stores, the ragged ends with memcpy.
+// Copies bytes from src to dst (no overlap). The whole 64-byte lines of dst
+// are written with streaming stores, the ragged ends (parts of lines that
+// dst shares with what lies before and after it) with memcpy. Never both in
+// one line: a line written partly streamed and partly stored is read for
+// ownership and its streamed part flushed early, which cost a row writer
+// twice to three times its time when rows started 16 bytes into a line
+// (bench_fused.cpp's buffers before they were aligned).
 // Call stream_fence() before another thread may read dst.
 template <class Arch>
 void stream_copy(void* dst, const void* src, std::size_t bytes) noexcept {
@@ -36,8 +41,10 @@ void stream_copy(void* dst, const void* src, std::size_t bytes) noexcept {
   const auto* s = static_cast<const unsigned char*>(src);
 #if ROPE_STREAMING_STORES
   constexpr std::size_t kWidth = sizeof(xsimd::batch<float, Arch>);
-  const std::size_t misalign = reinterpret_cast<std::uintptr_t>(d) % kWidth;
-  const std::size_t head = misalign == 0 ? 0 : kWidth - misalign;
+  constexpr std::size_t kLine = 64;
+  static_assert(kLine % kWidth == 0, "a line is a whole number of vectors");
+  const std::size_t misalign = reinterpret_cast<std::uintptr_t>(d) % kLine;
+  const std::size_t head = misalign == 0 ? 0 : kLine - misalign;
   if (head >= bytes) {
     std::memcpy(d, s, bytes);
     return;
@@ -46,13 +53,15 @@ void stream_copy(void* dst, const void* src, std::size_t bytes) noexcept {
   d += head;
   s += head;
   bytes -= head;
-  for (; bytes >= kWidth; bytes -= kWidth, d += kWidth, s += kWidth) {
-    if constexpr (kWidth == 64) {
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(d), _mm512_loadu_si512(s));
-    } else if constexpr (kWidth == 32) {
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(d), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
-    } else {
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+  for (; bytes >= kLine; bytes -= kLine) {
+    for (std::size_t i = 0; i < kLine; i += kWidth, d += kWidth, s += kWidth) {
+      if constexpr (kWidth == 64) {
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(d), _mm512_loadu_si512(s));
+      } else if constexpr (kWidth == 32) {
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(d), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+      } else {
+        _mm_stream_si128(reinterpret_cast<__m128i*>(d), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+      }
     }
   }
 #endif

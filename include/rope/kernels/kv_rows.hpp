@@ -557,10 +557,9 @@ void store_16_row(const float* x, std::size_t n, E* out, Codec round) noexcept {
   using F = xsimd::batch<float, Arch>;
   constexpr std::size_t lanes = F::size;
   const std::size_t full = n - n % lanes;
+  static_assert(sizeof(E) == sizeof(std::uint16_t), "a 16-bit storage type");
   for (std::size_t c = 0; c < full; c += lanes) {
-    std::uint32_t bits[lanes];
-    round(F::load_unaligned(x + c)).store_unaligned(bits);
-    for (std::size_t i = 0; i < lanes; ++i) out[c + i].bits = static_cast<std::uint16_t>(bits[i]);
+    store_low_halves<Arch>(round(F::load_unaligned(x + c)), reinterpret_cast<std::uint16_t*>(out + c));
   }
   for (std::size_t c = full; c < n; ++c) out[c] = E(x[c]);
 }
@@ -640,9 +639,7 @@ void store_kv_row(const float* x, std::size_t n, std::int8_t* out, float* scale)
   const F sb(s), hi(127.0f), lo(-127.0f);
   for (std::size_t c = 0; c < coded; c += lanes) {
     const F q = xsimd::min(hi, xsimd::max(lo, xsimd::nearbyint(F::load_unaligned(x + c) / sb)));
-    std::int32_t ints[lanes];
-    xsimd::to_int(q).store_unaligned(ints);
-    for (std::size_t i = 0; i < lanes; ++i) out[c + i] = static_cast<std::int8_t>(ints[i]);
+    detail::store_bytes<Arch>(xsimd::to_int(q), out + c);
   }
   for (std::size_t c = coded; c < n; ++c) {
     out[c] = static_cast<std::int8_t>(std::min(127.0f, std::max(-127.0f, std::nearbyint(x[c] / s))));
