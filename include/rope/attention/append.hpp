@@ -521,14 +521,18 @@ void norm_rope_append(const View<InV>& q_view, const View<InV>& k_view, const Vi
   const bool stream = detail::streams<E>(options.stores, slots, tokens, k, v);
   const detail::TokenWriter<In, E, Arch> writer{k, v, cache, options.rotation, rotary_dim, k_norm, k_back, stream};
   // Per worker: a token's rows (the writer's scratch), then its gathered
-  // cos/sin (multi-axis).
+  // cos/sin (multi-axis), each worker's on 64-byte lines of its own: no
+  // vector of a row splits across two lines, no two workers write one line.
+  constexpr std::size_t kLineFloats = 64 / sizeof(float);
   const std::size_t rows = std::max(q.heads * q.head_dim, writer.scratch_size());
-  const std::size_t per = rows + (angles.multi ? rotary_dim : 0);
-  std::vector<float> scratch(workers * per);
+  const std::size_t per = (rows + (angles.multi ? rotary_dim : 0) + kLineFloats - 1) / kLineFloats * kLineFloats;
+  std::vector<float> buffer(workers * per + kLineFloats);
+  const std::size_t skew = reinterpret_cast<std::uintptr_t>(buffer.data()) % 64 / sizeof(float);
+  float* const scratch = buffer.data() + (kLineFloats - skew) % kLineFloats;
   // Worker w takes the contiguous share of tokens parallel_for would give
   // it, and orders its streamed rows before the join.
   rope::detail::parallel_for(workers, workers, options.executor, [&](std::size_t w, std::size_t) {
-    float* x = scratch.data() + w * per;
+    float* x = scratch + w * per;
     const std::size_t end = tokens * (w + 1) / workers;
     for (std::size_t t = tokens * w / workers; t < end; ++t) {
       if (t + 1 < tokens) detail::prefetch_token(q, k, v, t + 1);
