@@ -88,10 +88,10 @@ struct BatchCase : Held {
   std::vector<std::int64_t> lengths, q_starts;
   std::vector<std::int32_t> block_table;
   std::size_t stride = 0;
-  std::vector<E> k, v;
-  std::vector<float> k_scales, v_scales;
+  rope_bench::LineVector<E> k, v;  // on cache lines, as an engine's pools
+  rope_bench::LineVector<float> k_scales, v_scales;
   ra::PagedCache<E> cache;
-  std::vector<float> q, out;
+  rope_bench::LineVector<float> q, out;
 
   BatchCase(std::vector<std::int64_t> lens, Layout layout) : lengths(std::move(lens)) {
     const std::size_t n = lengths.size();

@@ -45,7 +45,7 @@ namespace {
 
 // The bytes of a batch_decode call, contiguous, as 32-bit words.
 struct ReadCase : Held {
-  std::vector<std::uint32_t> words;
+  rope_bench::LineVector<std::uint32_t> words;  // on cache lines, as the caches
   explicit ReadCase(std::size_t bytes) : words(bytes / sizeof(std::uint32_t)) {
     std::uint32_t s = 1;
     for (auto& w : words) w = s = s * 1664525u + 1013904223u;

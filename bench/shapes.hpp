@@ -7,6 +7,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <vector>
 
 #include <rope/half.hpp>
 
@@ -61,5 +64,35 @@ template <>
 struct KvName<std::int8_t> {
   static constexpr const char* value = "i8";
 };
+
+// An allocator of 64-byte aligned blocks, for buffers that stand for an
+// engine's tensors and caches, which are allocated on cache lines (or
+// pages); a plain std::vector of a large size starts 16 bytes into a line
+// here, a placement no engine gives its tensors.
+template <class T>
+struct LineAllocator {
+  using value_type = T;
+  static constexpr std::size_t kLine = 64;
+  LineAllocator() = default;
+  template <class U>
+  LineAllocator(const LineAllocator<U>&) noexcept {}
+  T* allocate(std::size_t n) {
+    const std::size_t bytes = (n * sizeof(T) + kLine - 1) / kLine * kLine;
+    void* p = std::aligned_alloc(kLine, bytes > 0 ? bytes : kLine);
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, std::size_t) noexcept { std::free(p); }
+  template <class U>
+  bool operator==(const LineAllocator<U>&) const noexcept {
+    return true;
+  }
+  template <class U>
+  bool operator!=(const LineAllocator<U>&) const noexcept {
+    return false;
+  }
+};
+template <class T>
+using LineVector = std::vector<T, LineAllocator<T>>;
 
 }  // namespace rope_bench
