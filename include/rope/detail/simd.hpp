@@ -271,6 +271,15 @@ void store_partial(const B& v, void* p, std::size_t bytes) noexcept {
   std::memcpy(p, lanes, bytes);
 }
 
+// The narrowing stores' fallback: a cast per lane, through a buffer.
+template <class Out, class T, class Arch>
+void store_cast(const xsimd::batch<T, Arch>& v, Out* out) noexcept {
+  constexpr std::size_t n = xsimd::batch<T, Arch>::size;
+  T lanes[n];
+  v.store_unaligned(lanes);
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<Out>(lanes[i]);
+}
+
 // The lanes of v narrowed and stored as v's size consecutive values at out:
 // store_low_halves keeps the low 16 bits of lanes below 2^16, store_bytes
 // the low byte of lanes in [-128, 127]. Exact for such lanes, so each is
@@ -278,8 +287,8 @@ void store_partial(const B& v, void* p, std::size_t bytes) noexcept {
 // x86 (AVX-512F: vpmovdw / vpmovdb; AVX: the two 128-bit halves packed;
 // SSE4.1 for the halves, SSE2 for the bytes) and NEON (vmovn); elsewhere
 // lane by lane through a buffer. A cast per lane compiles to an extract
-// and an insert per lane instead, a third of a 16-bit row writer's time
-// when measured (bench_fused.cpp).
+// and an insert per lane instead: 18% of the fused pre-attention step's
+// time over a bf16 cache when profiled (bench_fused.cpp, AVX2).
 template <class Arch>
 void store_low_halves(const xsimd::batch<std::uint32_t, Arch>& v, std::uint16_t* out) noexcept {
 #if defined(__AVX512F__)
@@ -309,10 +318,7 @@ void store_low_halves(const xsimd::batch<std::uint32_t, Arch>& v, std::uint16_t*
     return;
   }
 #endif
-  constexpr std::size_t n = xsimd::batch<std::uint32_t, Arch>::size;
-  std::uint32_t lanes[n];
-  v.store_unaligned(lanes);
-  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::uint16_t>(lanes[i]);
+  store_cast(v, out);
 }
 template <class Arch>
 void store_bytes(const xsimd::batch<std::int32_t, Arch>& v, std::int8_t* out) noexcept {
@@ -339,10 +345,7 @@ void store_bytes(const xsimd::batch<std::int32_t, Arch>& v, std::int8_t* out) no
     return;
   }
 #endif
-  constexpr std::size_t n = xsimd::batch<std::int32_t, Arch>::size;
-  std::int32_t lanes[n];
-  v.store_unaligned(lanes);
-  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::int8_t>(lanes[i]);
+  store_cast(v, out);
 }
 
 // How many vector registers code for Arch has: 32 with AVX-512 and on
