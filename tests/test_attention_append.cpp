@@ -139,6 +139,7 @@ struct Fixture {
   rope::Table<float> table;
   std::vector<std::int64_t> slots, ids;
   std::vector<float> qw, kw;
+  std::size_t pages = kPages;  // of the pools
   State<In, QO, E> initial;
   float eps = 1e-5f;
 
@@ -151,9 +152,16 @@ struct Fixture {
   std::size_t d() const { return c.head_dim; }
   std::size_t region(std::size_t heads) const { return c.tokens * heads * d(); }
 
-  explicit Fixture(const Case& c_) : c(c_), table(rope::frequencies(c_.head_dim, 10000.0), kTablePositions) {
+  explicit Fixture(const Case& c_)
+      : c(c_), table(rope::frequencies(c_.head_dim, 10000.0), std::max(kTablePositions, c_.tokens + 3)) {
     const std::size_t t = c.tokens;
-    slots.assign(kSlots, kSlots + t);
+    // kSlots for the first tokens; more tokens (a prefill) take the slots
+    // after the first kPages pages, in pages added for them.
+    constexpr std::size_t listed = sizeof(kSlots) / sizeof(kSlots[0]);
+    slots.assign(kSlots, kSlots + std::min(t, listed));
+    for (std::size_t i = listed; i < t; ++i)
+      slots.push_back(static_cast<std::int64_t>(kPages * kPageSize + i - listed));
+    pages = kPages + (t > listed ? (t - listed + kPageSize - 1) / kPageSize : 0);
     for (std::size_t i = 0; i < t; ++i) ids.push_back(static_cast<std::int64_t>((i * 37 + 11) % kTablePositions));
     const std::size_t qn = c.norm == NormKind::whole ? c.q_heads * d() : d();
     const std::size_t kn = c.norm == NormKind::whole ? c.kv_heads * d() : d();
@@ -169,14 +177,14 @@ struct Fixture {
     const auto x = rope_test::random_vector<float>(n_in, 23, 2.0);
     for (float v : x) initial.in.push_back(round_to<In>(v));
     if (!(c.in_place && std::is_same<In, QO>::value)) initial.out.assign(region(c.q_heads), round_to<QO>(-7.5f));
-    const std::size_t pool = kPages * kPageSize * c.kv_heads * d();
+    const std::size_t pool = pages * kPageSize * c.kv_heads * d();
     initial.kp.resize(pool);
     initial.vp.resize(pool);
     std::memset(static_cast<void*>(initial.kp.data()), 0xA5, pool * sizeof(E));
     std::memset(static_cast<void*>(initial.vp.data()), 0x5A, pool * sizeof(E));
     if (rope::KvElement<E>::kScaled) {
-      initial.ks.assign(kPages * kPageSize * c.kv_heads, -3.25f);
-      initial.vs.assign(kPages * kPageSize * c.kv_heads, -4.5f);
+      initial.ks.assign(pages * kPageSize * c.kv_heads, -3.25f);
+      initial.vs.assign(pages * kPageSize * c.kv_heads, -4.5f);
     }
     if (c.nan_token >= 0) {
       const Bound b = bind(initial);
@@ -207,8 +215,8 @@ struct Fixture {
     float* ks = s.ks.empty() ? nullptr : s.ks.data();
     float* vs = s.vs.empty() ? nullptr : s.vs.data();
     const auto pool = c.hnd ? &ra::PagePool<E>::hnd : &ra::PagePool<E>::nhd;
-    b.cache.k = pool(s.kp.data(), kPages, kPageSize, G, d(), ks);
-    b.cache.v = pool(s.vp.data(), kPages, kPageSize, G, d(), vs);
+    b.cache.k = pool(s.kp.data(), pages, kPageSize, G, d(), ks);
+    b.cache.v = pool(s.vp.data(), pages, kPageSize, G, d(), vs);
     return b;
   }
 
@@ -364,6 +372,31 @@ TEST(NormRopeAppend, MatchesUnfusedFloat16Input) {
   sweep_q_out_types<Float16, BFloat16>();
   sweep_q_out_types<Float16, Float16>();
   sweep_q_out_types<Float16, I8>();
+}
+
+// Calls of more tokens per worker than kGroupedNormTokens normalize one
+// head at a time (a prefill), fewer four at a time: both give the
+// unfused bits, with the float path that normalizes Q as the rotation loads
+// it and with the widening path, in place and out of place.
+TEST(NormRopeAppend, MatchesUnfusedPastTheGroupedNormTokens) {
+  for (const Style style : {Style::rotate_half, Style::block_diagonal}) {
+    for (const std::size_t rotary : {std::size_t{0}, std::size_t{20}}) {
+      for (const bool plus_one : {false, true}) {
+        Case c;
+        c.tokens = ra::kGroupedNormTokens + 9;
+        c.style = style;
+        c.rotary_dim = rotary;
+        c.plus_one = plus_one;
+        const std::string what = describe(c) + " tokens " + std::to_string(c.tokens);
+        c.in_place = true;
+        expect_matches_unfused<float, float, float>(c, what + " in place");
+        expect_matches_unfused<float, float, I8>(c, what + " in place");
+        c.in_place = false;
+        expect_matches_unfused<float, float, BFloat16>(c, what);
+        expect_matches_unfused<BFloat16, float, Float16>(c, what);
+      }
+    }
+  }
 }
 
 // Head dimensions whose rows end in partial SIMD steps, and no rotation.

@@ -127,6 +127,9 @@ struct Norm {
   float eps = 0;
   bool plus_one = false;
   bool whole = false;
+  // The weights the rotation scales its inputs by (norm_rotate_store):
+  // weight, or 1 + weight for plus_one. Null: not set.
+  const float* rotated_weight = nullptr;
   // Per-head norms of a token several rows at a time (rms_norm_rows): the
   // same bits. Set for calls of few tokens per worker (a decode step), whose
   // rows are in cache and which wait on the norm's latency; a long prefill
@@ -194,6 +197,36 @@ void rotate_store(float* x, Style style, std::size_t rotary_dim, const float* co
   } else {
     if (cos != nullptr) rotate_with<float, Arch>(style, rotary_dim, cos, sin, x, static_cast<std::ptrdiff_t>(d), heads);
     for (std::size_t h = 0; h < heads; ++h) store_kv_row<Arch>(x + h * d, d, out.row(t, h), nullptr);
+  }
+}
+
+// load_normed then rotate_store for float rows, a float out, a per-head
+// norm and a rotation, in one pass less: the heads' sums of squares as
+// load_normed takes them, then the rotation reads x itself and scales each
+// input as it loads it (rotate_heads_scaled), the channels past rotary_dim
+// scaled as rms_norm_row scales them. The same bits; out may be x (in
+// place). r: room for x.heads floats.
+template <class Arch>
+void norm_rotate_store(const View<const float>& x, std::size_t t, const Norm& norm, Style style, std::size_t rotary_dim,
+                       const float* cos, const float* sin, const View<float>& out, float* r) noexcept {
+  const std::size_t d = x.head_dim, heads = x.heads;
+  const float* row = x.row(t, 0);
+  if (norm.grouped) {
+    sum_squares8_rows<Arch>(row, x.head_stride, heads, d, r);
+  } else {
+    for (std::size_t h = 0; h < heads; ++h) r[h] = sum_squares8<Arch>(row + h * x.head_stride, d);
+  }
+  for (std::size_t h = 0; h < heads; ++h) r[h] = rms_inverse<Arch>(r[h], d, norm.eps);
+  with_style(style, [&](auto s) {
+    rotate_heads_scaled<decltype(s)::value, Arch>(row, static_cast<std::ptrdiff_t>(x.head_stride), out.row(t, 0),
+                                                  static_cast<std::ptrdiff_t>(out.head_stride), heads, cos, sin,
+                                                  rotary_dim, r, norm.rotated_weight);
+  });
+  if (rotary_dim < d) {
+    for (std::size_t h = 0; h < heads; ++h) {
+      rope::detail::scale_row<Arch>(x.row(t, h) + rotary_dim, d - rotary_dim, r[h], norm.weight + rotary_dim,
+                                    norm.plus_one, out.row(t, h) + rotary_dim);
+    }
   }
 }
 
@@ -518,6 +551,17 @@ void norm_rope_append(const View<InV>& q_view, const View<InV>& k_view, const Vi
   const std::size_t workers =
       std::min(tokens, std::max<std::size_t>(1, rope::detail::thread_count(options.threads, options.executor)));
   q_norm.grouped = k_norm.grouped = tokens <= workers * kGroupedNormTokens;
+  // A float Q with a per-head norm is normalized as the rotation loads it
+  // (detail::norm_rotate_store), by these weights.
+  std::vector<float> q_plus_one;
+  if (q_norm.weight != nullptr && !q_norm.whole && rotary_dim > 0) {
+    q_norm.rotated_weight = q_norm.weight;
+    if (q_norm.plus_one) {
+      q_plus_one.resize(rotary_dim);
+      for (std::size_t c = 0; c < rotary_dim; ++c) q_plus_one[c] = 1.0f + q_norm.weight[c];
+      q_norm.rotated_weight = q_plus_one.data();
+    }
+  }
   const bool stream = detail::streams<E>(options.stores, slots, tokens, k, v);
   const detail::TokenWriter<In, E, Arch> writer{k, v, cache, options.rotation, rotary_dim, k_norm, k_back, stream};
   // Per worker: a token's rows (the writer's scratch), then its gathered
@@ -540,6 +584,13 @@ void norm_rope_append(const View<InV>& q_view, const View<InV>& k_view, const Vi
       const float* sin;
       angles.of(t, x + rows, cos, sin);
       // Q first: q_out may be q, and K's write-back never touches q.
+      if constexpr (std::is_same<In, float>::value && std::is_same<QO, float>::value) {
+        if (q_norm.rotated_weight != nullptr && cos != nullptr) {
+          detail::norm_rotate_store<Arch>(q, t, q_norm, options.rotation.style, rotary_dim, cos, sin, q_out, x);
+          writer.write(t, slots[t], cos, sin, x);
+          continue;
+        }
+      }
       detail::load_normed<In, Arch>(q, t, q_norm, x);
       detail::rotate_store<Arch>(x, options.rotation.style, rotary_dim, cos, sin, q_out, t);
       writer.write(t, slots[t], cos, sin, x);

@@ -249,9 +249,15 @@ void sum_squares8_rows(const float* x, std::size_t stride, std::size_t rows, std
 // (attention/append.hpp has the order and the models it follows). y may be
 // x (in place). Preconditions: w holds n floats; eps > 0; y is x or
 // overlaps neither x nor w.
+// RMSNorm's r = 1 / sqrt(ss / n + eps) of a sum of squares ss over n floats.
+template <class Arch = xsimd::default_arch>
+float rms_inverse(float ss, std::size_t n, float eps) noexcept {
+  return 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+}
+
 template <class Arch = xsimd::default_arch>
 void rms_norm_row(const float* x, std::size_t n, const float* w, float eps, bool plus_one, float* y) noexcept {
-  const float r = 1.0f / std::sqrt(sum_squares8<Arch>(x, n) / static_cast<float>(n) + eps);
+  const float r = rms_inverse<Arch>(sum_squares8<Arch>(x, n), n, eps);
   detail::scale_row<Arch>(x, n, r, w, plus_one, y);
 }
 
@@ -268,7 +274,7 @@ void rms_norm_rows(const float* x, std::size_t x_stride, std::size_t rows, std::
     const std::size_t m = rows - i < kGroup ? rows - i : kGroup;
     sum_squares8_rows<Arch>(x + i * x_stride, x_stride, m, n, ss);
     for (std::size_t j = 0; j < m; ++j) {
-      const float r = 1.0f / std::sqrt(ss[j] / static_cast<float>(n) + eps);
+      const float r = rms_inverse<Arch>(ss[j], n, eps);
       detail::scale_row<Arch>(x + (i + j) * x_stride, n, r, w, plus_one, y + (i + j) * y_stride);
     }
   }

@@ -95,6 +95,11 @@ struct Step<Style::rotate_half, Inverse, T, Arch> {
         : a(B::load_unaligned(x + p)), b(B::load_unaligned(x + pairs + p)) {}
     Input(const T* x, std::size_t pairs, Short) noexcept
         : a(load_partial<B>(x, pairs * sizeof(T))), b(load_partial<B>(x + pairs, pairs * sizeof(T))) {}
+    // Each input x becomes (x * r) * w, w the same channels of a weight row.
+    void scale(T r, const Input& w) noexcept {
+      a = (a * B(r)) * w.a;
+      b = (b * B(r)) * w.b;
+    }
   };
   B c, s;
 
@@ -129,6 +134,10 @@ struct Step<Style::block_diagonal, Inverse, T, Arch> {
     Input(const T* x, std::size_t pairs, Short) noexcept
         : x0(load_partial<B>(x, (2 * pairs < B::size ? 2 * pairs : B::size) * sizeof(T))),
           x1(2 * pairs > B::size ? load_partial<B>(x + B::size, (2 * pairs - B::size) * sizeof(T)) : B(T(0))) {}
+    void scale(T r, const Input& w) noexcept {
+      x0 = (x0 * B(r)) * w.x0;
+      x1 = (x1 * B(r)) * w.x1;
+    }
   };
   B c0, c1, s0, s1;
 
@@ -282,15 +291,41 @@ struct Step16<Style::block_diagonal, Inverse, Lanes, Arch> {
   }
 };
 
+// What rotate_rows does to a head's inputs once they are loaded: nothing
+// (Unscaled), or RowScale's RMSNorm scaling, input x of head h becoming
+// (x * r[h]) * w_c with w_c the weight of its channel: the values
+// rms_norm_row writes, so the rotation that follows rounds as it would
+// from a normalized copy, without the copy. Float steps only.
+struct Unscaled {
+  template <class In>
+  ROPE_ALWAYS_INLINE void operator()(In& /*in*/, std::size_t /*h*/, std::size_t /*p*/,
+                                     std::size_t /*pairs*/) const noexcept {}
+  template <class In>
+  ROPE_ALWAYS_INLINE void operator()(In& /*in*/, std::size_t /*h*/, std::size_t /*pairs*/, Short) const noexcept {}
+};
+template <class T>
+struct RowScale {
+  const T* r;  // one per head
+  const T* w;  // one per channel of a head
+  template <class In>
+  ROPE_ALWAYS_INLINE void operator()(In& in, std::size_t h, std::size_t p, std::size_t pairs) const noexcept {
+    in.scale(r[h], In(w, p, pairs));
+  }
+  template <class In>
+  ROPE_ALWAYS_INLINE void operator()(In& in, std::size_t h, std::size_t pairs, Short) const noexcept {
+    in.scale(r[h], In(w, pairs, Short{}));
+  }
+};
+
 // A row of fewer pairs than one step: the step is prepared from a
 // zero-padded copy of the row, and each head is loaded and stored with
 // partial loads and stores (load_partial), so nothing past the row is
 // touched. Out of line: its stack buffers would otherwise give every call a
 // stack frame.
-template <class StepT, class Row>
+template <class StepT, class Row, class Scale>
 ROPE_NOINLINE void rotate_short(const typename StepT::Element* x, std::ptrdiff_t x_stride, typename StepT::Element* y,
-                                std::ptrdiff_t y_stride, std::size_t heads, const Row& row,
-                                std::size_t pairs) noexcept {
+                                std::ptrdiff_t y_stride, std::size_t heads, const Row& row, std::size_t pairs,
+                                const Scale& scale) noexcept {
   using C = std::decay_t<decltype(row.cos_at(0))>;
   constexpr std::size_t n = StepT::kPairs;
   C c[n] = {}, s[n] = {};
@@ -301,7 +336,8 @@ ROPE_NOINLINE void rotate_short(const typename StepT::Element* x, std::ptrdiff_t
   C work[2 * n + 2];
   const StepT step(StepT::Row::make(c, s, n, work), 0);
   for (std::size_t h = 0; h < heads; ++h) {
-    const typename StepT::Input in(x + static_cast<std::ptrdiff_t>(h) * x_stride, pairs, Short{});
+    typename StepT::Input in(x + static_cast<std::ptrdiff_t>(h) * x_stride, pairs, Short{});
+    scale(in, h, pairs, Short{});
     step.store_short(in, y + static_cast<std::ptrdiff_t>(h) * y_stride, pairs);
   }
 }
@@ -318,16 +354,17 @@ constexpr std::size_t block_steps() noexcept {
 
 // Rotates `pairs` pairs of `heads` head vectors (x + h * x_stride into
 // y + h * y_stride), all at the row `row`: steps are prepared a block at a
-// time, then every head runs through the block.
-template <Style S, class StepT, class Arch>
+// time, then every head runs through the block. Each loaded input passes
+// through `scale` first (Unscaled: as it is).
+template <Style S, class StepT, class Arch, class Scale = Unscaled>
 inline void rotate_rows(const typename StepT::Element* x, std::ptrdiff_t x_stride, typename StepT::Element* y,
-                        std::ptrdiff_t y_stride, std::size_t heads, const typename StepT::Row& row,
-                        std::size_t pairs) noexcept {
+                        std::ptrdiff_t y_stride, std::size_t heads, const typename StepT::Row& row, std::size_t pairs,
+                        const Scale& scale = {}) noexcept {
   constexpr std::size_t n = StepT::kPairs;
   constexpr std::size_t kBlock = block_steps<StepT, Arch>();
   const std::size_t full = pairs / n;  // whole steps in a row
   if (full == 0) {
-    if (pairs > 0) rotate_short<StepT>(x, x_stride, y, y_stride, heads, row, pairs);
+    if (pairs > 0) rotate_short<StepT>(x, x_stride, y, y_stride, heads, row, pairs, scale);
     return;
   }
   const std::size_t last = pairs - n;  // first pair of the overlapping last step
@@ -343,10 +380,13 @@ inline void rotate_rows(const typename StepT::Element* x, std::ptrdiff_t x_strid
       for (std::size_t h = 0; h < heads; ++h) {
         const auto* xh = x + static_cast<std::ptrdiff_t>(h) * x_stride;
         auto* yh = y + static_cast<std::ptrdiff_t>(h) * y_stride;
-        const typename StepT::Input in(xh, last, pairs);
+        typename StepT::Input in(xh, last, pairs);
+        scale(in, h, last, pairs);
         for (std::size_t i = 0; i < count; ++i) {
           const std::size_t p = (first + i) * n;
-          block[i].store(typename StepT::Input(xh, p, pairs), yh, p, pairs);
+          typename StepT::Input step_in(xh, p, pairs);
+          scale(step_in, h, p, pairs);
+          block[i].store(step_in, yh, p, pairs);
         }
         tail.store(in, yh, last, pairs);
       }
@@ -356,7 +396,9 @@ inline void rotate_rows(const typename StepT::Element* x, std::ptrdiff_t x_strid
         auto* yh = y + static_cast<std::ptrdiff_t>(h) * y_stride;
         for (std::size_t i = 0; i < count; ++i) {
           const std::size_t p = (first + i) * n;
-          block[i].store(typename StepT::Input(xh, p, pairs), yh, p, pairs);
+          typename StepT::Input step_in(xh, p, pairs);
+          scale(step_in, h, p, pairs);
+          block[i].store(step_in, yh, p, pairs);
         }
       }
     }
@@ -407,6 +449,21 @@ void rotate_heads(const T* x, std::ptrdiff_t x_stride, T* y, std::ptrdiff_t y_st
   } else {
     detail::rotate_rows<S, detail::Step<S, true, T, Arch>, Arch>(x, x_stride, y, y_stride, heads, row, pairs);
   }
+}
+
+// rotate_heads (forward) of RMSNorm-scaled heads: channel c of head h
+// enters the rotation as (x_c * r[h]) * w[c], rounded as rms_norm_row
+// rounds it, so y is bit for bit rms_norm_row into a copy followed by
+// rotate_heads of the copy, without the copy. r holds `heads` values, w
+// rotary_dim (the weights of the rotated channels, (1 + w) precomputed for
+// the Gemma form). Preconditions: rotate_heads'; nothing past channel
+// rotary_dim-1 is read or written (the caller scales the channels past it).
+template <Style S, class Arch = xsimd::default_arch>
+void rotate_heads_scaled(const float* x, std::ptrdiff_t x_stride, float* y, std::ptrdiff_t y_stride, std::size_t heads,
+                         const float* cos, const float* sin, std::size_t rotary_dim, const float* r,
+                         const float* w) noexcept {
+  detail::rotate_rows<S, detail::Step<S, false, float, Arch>, Arch>(
+      x, x_stride, y, y_stride, heads, detail::PairRow<float>{cos, sin}, rotary_dim / 2, detail::RowScale<float>{r, w});
 }
 
 // Rotates the first rotary_dim channels of the head vector x into y: the
