@@ -74,12 +74,12 @@ struct FusedCase {
     k_weight.resize(kHeadDim);
     // One weight for every channel: Q (and, unfused, K) is normalized in
     // place again each iteration, and with weights that differ by channel
-    // the channels of the smaller ones would shrink by their ratio every
-    // time, into subnormals within a few hundred iterations, whose slower
-    // arithmetic made the times depend on how many iterations a case ran
-    // (2048 tokens, f32: 10 ms in the first repetition of 12 iterations,
-    // 16 ms in each of the next 24). With one weight each normalized head
-    // keeps the RMS it had. The weight is not 1, so the multiply is real.
+    // the channels of the smaller ones shrink by their ratio every time:
+    // with weights in [0.75, 1.25], subnormals from about the 200th
+    // iteration, a third of Q's values by the 400th (counted), whose
+    // arithmetic may be slower, so a case's time could depend on how many
+    // iterations it ran. With one weight each normalized head keeps the
+    // RMS it had. The weight is not 1, so the multiply is real.
     std::fill(q_weight.begin(), q_weight.end(), 1.0625f);
     std::fill(k_weight.begin(), k_weight.end(), 0.9375f);
     std::size_t pages = 0;
