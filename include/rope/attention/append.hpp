@@ -553,8 +553,9 @@ void norm_rope_append(const View<InV>& q_view, const View<InV>& k_view, const Vi
   q_norm.grouped = k_norm.grouped = tokens <= workers * kGroupedNormTokens;
   // A float Q with a per-head norm is normalized as the rotation loads it
   // (detail::norm_rotate_store), by these weights.
+  constexpr bool kFloatQ = std::is_same<In, float>::value && std::is_same<QO, float>::value;
   std::vector<float> q_plus_one;
-  if (q_norm.weight != nullptr && !q_norm.whole && rotary_dim > 0) {
+  if (kFloatQ && q_norm.weight != nullptr && !q_norm.whole && rotary_dim > 0) {
     q_norm.rotated_weight = q_norm.weight;
     if (q_norm.plus_one) {
       q_plus_one.resize(rotary_dim);
@@ -584,15 +585,17 @@ void norm_rope_append(const View<InV>& q_view, const View<InV>& k_view, const Vi
       const float* sin;
       angles.of(t, x + rows, cos, sin);
       // Q first: q_out may be q, and K's write-back never touches q.
-      if constexpr (std::is_same<In, float>::value && std::is_same<QO, float>::value) {
+      bool q_done = false;
+      if constexpr (kFloatQ) {
         if (q_norm.rotated_weight != nullptr && cos != nullptr) {
           detail::norm_rotate_store<Arch>(q, t, q_norm, options.rotation.style, rotary_dim, cos, sin, q_out, x);
-          writer.write(t, slots[t], cos, sin, x);
-          continue;
+          q_done = true;
         }
       }
-      detail::load_normed<In, Arch>(q, t, q_norm, x);
-      detail::rotate_store<Arch>(x, options.rotation.style, rotary_dim, cos, sin, q_out, t);
+      if (!q_done) {
+        detail::load_normed<In, Arch>(q, t, q_norm, x);
+        detail::rotate_store<Arch>(x, options.rotation.style, rotary_dim, cos, sin, q_out, t);
+      }
       writer.write(t, slots[t], cos, sin, x);
     }
     if (stream) rope::detail::stream_fence<Arch>();

@@ -244,17 +244,17 @@ void sum_squares8_rows(const float* x, std::size_t stride, std::size_t rows, std
   for (; i < rows; ++i) ss[i] = sum_squares8<Arch>(x + i * stride, n);
 }
 
-// y = RMSNorm(x) over n floats: r = 1 / sqrt(sum_squares8(x) / n + eps),
-// y_c = (x_c * r) * w_c, or (x_c * r) * (1 + w_c) with plus_one
-// (attention/append.hpp has the order and the models it follows). y may be
-// x (in place). Preconditions: w holds n floats; eps > 0; y is x or
-// overlaps neither x nor w.
 // RMSNorm's r = 1 / sqrt(ss / n + eps) of a sum of squares ss over n floats.
 template <class Arch = xsimd::default_arch>
 float rms_inverse(float ss, std::size_t n, float eps) noexcept {
   return 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
 }
 
+// y = RMSNorm(x) over n floats: r = 1 / sqrt(sum_squares8(x) / n + eps),
+// y_c = (x_c * r) * w_c, or (x_c * r) * (1 + w_c) with plus_one
+// (attention/append.hpp has the order and the models it follows). y may be
+// x (in place). Preconditions: w holds n floats; eps > 0; y is x or
+// overlaps neither x nor w.
 template <class Arch = xsimd::default_arch>
 void rms_norm_row(const float* x, std::size_t n, const float* w, float eps, bool plus_one, float* y) noexcept {
   const float r = rms_inverse<Arch>(sum_squares8<Arch>(x, n), n, eps);
