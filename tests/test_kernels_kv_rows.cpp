@@ -13,7 +13,10 @@
 //     element (plus the rounding of x / s), q in [-127, 127], the largest
 //     element at +-127, scale 0 for zeros and NaN (q = 0) for non-finite;
 //   dot_kv's scale: the sum rounded, then multiplied (bit for bit);
-//   sum_lanes4: exact on integers, within (lanes - 1) eps sum |x| otherwise;
+//   dot_kv: each row's score has the same bits alone as in a group of rows;
+//   weighted_kv_rows (values anywhere): bit for bit weighted_kv;
+//   fold_sums<N>: exact on integers, within (lanes - 1) eps sum |x|
+//     otherwise, each sum with the bits of fold_sums<1> of its batch alone;
 //   max_row exact, exp_row and softcap_row within a few ulps of long double.
 #include <gtest/gtest.h>
 
@@ -135,6 +138,13 @@ void check_dot() {
         ASSERT_EQ(std::memcmp(&scaled[r * score_stride], &want, sizeof(float)), 0)
             << Arch::name() << " " << element_name<E>() << " rows " << rows << " d " << d << " row " << r;
       }
+      // Each row alone: the same bits as in its group of rows.
+      for (std::size_t r = 0; r < rows; ++r) {
+        float alone = 0;
+        rope::dot_kv<E, Arch>(&q_planes[r * q_stride], q_stride, 1, d, key.data(), &alone, 1);
+        ASSERT_EQ(std::memcmp(&alone, &scores.data()[r * score_stride], sizeof(float)), 0)
+            << Arch::name() << " " << element_name<E>() << " rows " << rows << " d " << d << " row " << r << " alone";
+      }
       std::vector<float> twin(rows * score_stride);
       rope::reference::dot_kv(q.data(), rows, d, key.data(), twin.data(), score_stride);
       ASSERT_TRUE(scores.guards_intact());
@@ -187,8 +197,26 @@ void check_weighted(bool scaled) {
         rope::permute_row<E, Arch>(&start[r * acc_stride], dv, acc.data() + r * acc_stride);
       }
       std::vector<float> twin = start;
+      // weighted_kv_rows over the same values scattered in another buffer,
+      // value j at row n - 1 - j, one element on (unscaled only).
+      std::vector<float> rows_acc(acc.data(), acc.data() + rows * acc_stride);
+      std::vector<E> scattered(n * value_stride + 1);
+      std::vector<const E*> value_rows(n);
+      for (std::size_t j = 0; j < n; ++j) {
+        std::copy_n(values.data() + j * value_stride, dv, scattered.data() + (n - 1 - j) * value_stride + 1);
+        value_rows[j] = scattered.data() + (n - 1 - j) * value_stride;
+      }
+      if (!scaled) {
+        rope::weighted_kv_rows<E, Arch>(weights.data(), weight_stride, rows, n, value_rows.data(), 1, dv,
+                                        rows_acc.data(), acc_stride);
+      }
       rope::weighted_kv<E, Arch>(weights.data(), weight_stride, rows, n, values.data(), value_stride, sp, scale_stride,
                                  dv, acc.data(), acc_stride);
+      if (!scaled) {
+        ASSERT_EQ(std::memcmp(rows_acc.data(), acc.data(), rows * acc_stride * sizeof(float)), 0)
+            << Arch::name() << " " << element_name<E>() << " rows " << rows << " dv " << dv
+            << ": weighted_kv_rows differs from weighted_kv";
+      }
       rope::reference::weighted_kv(weights.data(), weight_stride, rows, n, values.data(), value_stride, sp,
                                    scale_stride, dv, twin.data(), acc_stride);
       ASSERT_TRUE(acc.guards_intact());
@@ -281,43 +309,60 @@ TYPED_TEST(KvRows, ExpRowWithinUlpsOfLongDouble) {
   }
 }
 
-// sum_lanes4 (detail/simd.hpp), the cross-lane sums of dot_kv's groups of
-// four rows: lane r of the result is the sum of batch r's lanes. Small
-// integers add exactly in any order, so those sums are compared exactly;
-// random floats within (lanes - 1) eps sum |x| of long double.
-TYPED_TEST(KvRows, SumLanes4SumsEachOfFourBatches) {
-  using Arch = TypeParam;
+// fold_sums<N> (detail/simd.hpp), the cross-lane sums of dot_kv's groups
+// of rows: lane i of the result is the sum of batch i % N's lanes, with the
+// bits of that batch's sum alone (fold_sums<1>). Small integers add exactly
+// in any order, so those sums are compared exactly; random floats within
+// (lanes - 1) eps sum |x| of long double.
+template <std::size_t N, class Arch>
+void check_fold_sums() {
   using F = xsimd::batch<float, Arch>;
   constexpr std::size_t L = F::size;
   const double eps = std::numeric_limits<float>::epsilon();
-  std::mt19937 gen(5);
+  std::mt19937 gen(5 + N);
   for (int trial = 0; trial < 50; ++trial) {
     const bool integers = trial % 2 == 0;
-    std::vector<float> lanes(4 * L);
+    std::vector<float> lanes(N * L);
     for (float& x : lanes) {
       x = integers
               ? static_cast<float>(static_cast<int>(gen() % 2001) - 1000)
               : std::ldexp(static_cast<float>(gen() % 100000) / 50000.0f - 1.0f, static_cast<int>(gen() % 20) - 10);
     }
-    F v[4];
-    for (std::size_t r = 0; r < 4; ++r) v[r] = F::load_unaligned(&lanes[r * L]);
+    F v[N];
+    for (std::size_t r = 0; r < N; ++r) v[r] = F::load_unaligned(&lanes[r * L]);
     float got[L];
-    rope::detail::sum_lanes4<Arch>(v).store_unaligned(got);
-    for (std::size_t r = 0; r < 4; ++r) {
+    rope::detail::fold_sums<N, Arch>(v).store_unaligned(got);
+    for (std::size_t i = 0; i < L; ++i) {
+      const std::size_t r = i % N;
+      float alone[L];
+      rope::detail::fold_sums<1, Arch>(&v[r]).store_unaligned(alone);
+      const std::string where = std::string(Arch::name()) + " N " + std::to_string(N) + " trial " +
+                                std::to_string(trial) + " lane " + std::to_string(i);
+      ASSERT_EQ(std::memcmp(&got[i], &alone[0], sizeof(float)), 0) << where << ": not the bits of the sum alone";
       LD exact = 0, magnitude = 0;
-      for (std::size_t i = 0; i < L; ++i) {
-        exact += lanes[r * L + i];
-        magnitude += std::fabs(static_cast<LD>(lanes[r * L + i]));
+      for (std::size_t k = 0; k < L; ++k) {
+        exact += lanes[r * L + k];
+        magnitude += std::fabs(static_cast<LD>(lanes[r * L + k]));
       }
       if (integers) {
-        ASSERT_EQ(static_cast<LD>(got[r]), exact) << Arch::name() << " trial " << trial << " row " << r;
+        ASSERT_EQ(static_cast<LD>(got[i]), exact) << where;
       } else {
-        ASSERT_NEAR(got[r], static_cast<double>(exact),
+        ASSERT_NEAR(got[i], static_cast<double>(exact),
                     static_cast<double>(L - 1) * eps * static_cast<double>(magnitude))
-            << Arch::name() << " trial " << trial << " row " << r;
+            << where;
       }
     }
   }
+}
+
+TYPED_TEST(KvRows, FoldSumsSumsEachBatchWithTheBitsOfItsSumAlone) {
+  using Arch = TypeParam;
+  constexpr std::size_t L = xsimd::batch<float, Arch>::size;
+  check_fold_sums<1, Arch>();
+  check_fold_sums<2, Arch>();
+  check_fold_sums<4, Arch>();
+  if constexpr (L >= 8) check_fold_sums<8, Arch>();
+  if constexpr (L >= 16) check_fold_sums<16, Arch>();
 }
 
 // max_row is exact: the largest finite-or-infinite score, NaNs skipped, in

@@ -30,19 +30,14 @@ ROPE_ALWAYS_INLINE void prefetch_rows(const void* p, std::size_t rows, std::size
   for (std::size_t r = 0; r < rows; ++r) prefetch(c + r * stride, bytes);
 }
 
-// The same into the outer caches only (L2 and beyond where the processor
-// tells the levels apart): rows needed after the ones in L1 are done with.
-ROPE_ALWAYS_INLINE void prefetch_rows_l2(const void* p, std::size_t rows, std::size_t stride,
-                                         std::size_t bytes) noexcept {
+// Prefetches `bytes` from p into the outer caches only (L2 and beyond where
+// the processor tells the levels apart).
+ROPE_ALWAYS_INLINE void prefetch_l2(const void* p, std::size_t bytes) noexcept {
 #if defined(__GNUC__)
   const auto* c = static_cast<const char*>(p);
-  for (std::size_t r = 0; r < rows; ++r) {
-    for (std::size_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + r * stride + i, 0, 2);
-  }
+  for (std::size_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i, 0, 2);
 #else
   (void)p;
-  (void)rows;
-  (void)stride;
   (void)bytes;
 #endif
 }

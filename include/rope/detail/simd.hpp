@@ -115,17 +115,36 @@ ROPE_ALWAYS_INLINE xsimd::batch<float, Arch> fold_pair(const xsimd::batch<float,
   return xsimd::select(first, x, y) + xsimd::swizzle(xsimd::select(first, y, x), mask<float, Arch, SwapBlocks<K> >());
 }
 
-// The sums of the lanes of four batches at once (a batch has at least 4
-// float lanes): lane r < 4 of the result is the sum of the lanes of v[r],
-// added in a tree of lane pairs fixed by the architecture.
-template <class Arch>
-ROPE_ALWAYS_INLINE xsimd::batch<float, Arch> sum_lanes4(const xsimd::batch<float, Arch>* v) noexcept {
+// The butterfly behind fold_sums: step K adds lane i and lane i ^ K, of
+// two batches at once (fold_pair) while there are two, then of one.
+template <std::size_t K, std::size_t N, class Arch>
+ROPE_ALWAYS_INLINE xsimd::batch<float, Arch> fold_from(xsimd::batch<float, Arch>* v) noexcept {
   using F = xsimd::batch<float, Arch>;
-  static_assert(F::size >= 4, "four sums need four lanes");
-  F s = fold_pair<2, Arch>(fold_pair<1, Arch>(v[0], v[1]), fold_pair<1, Arch>(v[2], v[3]));
-  if constexpr (F::size >= 8) s = s + xsimd::swizzle(s, mask<float, Arch, SwapBlocks<4> >());
-  if constexpr (F::size >= 16) s = s + xsimd::swizzle(s, mask<float, Arch, SwapBlocks<8> >());
-  return s;
+  if constexpr (K >= F::size) {
+    return v[0];
+  } else if constexpr (N > 1) {
+    ROPE_UNROLL
+    for (std::size_t i = 0; i < N / 2; ++i) v[i] = fold_pair<K, Arch>(v[2 * i], v[2 * i + 1]);
+    return fold_from<2 * K, N / 2, Arch>(v);
+  } else {
+    v[0] = v[0] + xsimd::swizzle(v[0], mask<float, Arch, SwapBlocks<K> >());
+    return fold_from<2 * K, 1, Arch>(v);
+  }
+}
+
+// The sums of the lanes of N batches at once (N a power of two, at most
+// the lanes of a batch): lane i of the result is the sum of the lanes of
+// v[i % N]. Every sum is added in the same tree of lane pairs (lane i with
+// lane i ^ 1, then i ^ 2, ...), whatever N: a batch's sum has the same
+// bits alone or folded with others.
+template <std::size_t N, class Arch>
+ROPE_ALWAYS_INLINE xsimd::batch<float, Arch> fold_sums(const xsimd::batch<float, Arch>* v) noexcept {
+  using F = xsimd::batch<float, Arch>;
+  static_assert(N >= 1 && N <= F::size && (N & (N - 1)) == 0, "a power of two of at most the lanes");
+  F w[N];
+  ROPE_UNROLL
+  for (std::size_t i = 0; i < N; ++i) w[i] = v[i];
+  return fold_from<1, N, Arch>(w);
 }
 
 // (even, odd, even, odd, ...), loaded from an array: the batch constructor

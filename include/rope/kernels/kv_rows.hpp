@@ -22,8 +22,9 @@
 // order): weighted_kv adds value after value in order, one fused multiply-add
 // per channel, with the weight rounded once (w * scale for int8): bit for bit
 // the same as reference::weighted_kv where Arch has fused multiply-adds.
-// dot_kv keeps one partial sum per lane and plane and adds them at the end:
-// within d * eps * sum_c |q_c k_c| of reference::dot_kv.
+// dot_kv keeps one partial sum per lane and plane, adds the planes at the
+// end and then the lanes in a fixed tree (detail::fold_sums), whatever the
+// number of rows: within d * eps * sum_c |q_c k_c| of reference::dot_kv.
 //
 // Preconditions (unchecked; the attention module checks its arguments):
 // query rows hold d floats in plane order, key and value rows d (dv) stored
@@ -197,19 +198,16 @@ void dot_kv_group(const float* q, std::size_t q_stride, std::size_t d, const E* 
     ROPE_UNROLL
     for (std::size_t k = 1; k < P; ++k) total[r] = total[r] + sum[r][k];
   }
-  // Groups of four rows are summed across lanes together (sum_lanes4).
+  // The rows summed across lanes together, as many as a batch has lanes
+  // (fold_sums): a score has the same bits in any group of rows.
+  constexpr std::size_t Fn = R < lanes ? R : lanes;
   float t[R];
-  if constexpr (R % 4 == 0) {
+  ROPE_UNROLL
+  for (std::size_t r = 0; r < R; r += Fn) {
+    float folded[lanes];
+    fold_sums<Fn, Arch>(total + r).store_unaligned(folded);
     ROPE_UNROLL
-    for (std::size_t r = 0; r < R; r += 4) {
-      float four[lanes];
-      sum_lanes4<Arch>(total + r).store_unaligned(four);
-      ROPE_UNROLL
-      for (std::size_t i = 0; i < 4; ++i) t[r + i] = four[i];
-    }
-  } else {
-    ROPE_UNROLL
-    for (std::size_t r = 0; r < R; ++r) t[r] = sum_lanes(total[r]);
+    for (std::size_t i = 0; i < Fn; ++i) t[r + i] = folded[i];
   }
   ROPE_UNROLL
   for (std::size_t r = 0; r < R; ++r) {
@@ -220,46 +218,71 @@ void dot_kv_group(const float* q, std::size_t q_stride, std::size_t d, const E* 
   }
 }
 
-template <std::size_t R, class E, class Arch>
-void weighted_kv_group(const float* weights, std::size_t weight_stride, std::size_t n, const E* values,
-                       std::size_t value_stride, const float* value_scales, std::size_t scale_stride, std::size_t dv,
-                       float* acc, std::size_t acc_stride) noexcept {
+// acc_r += sum_j w_rj value_j (R rows, n values, value(j) its dv stored
+// values; w_rj times value_scales[j * scale_stride] when that is set),
+// value after value, one fused multiply-add per channel. B blocks of
+// channels at a time where their sums fit in registers (independent chains).
+template <std::size_t R, class E, class Arch, class Value>
+void weighted_kv_group(const float* weights, std::size_t weight_stride, std::size_t n, Value value,
+                       const float* value_scales, std::size_t scale_stride, std::size_t dv, float* acc,
+                       std::size_t acc_stride) noexcept {
   using F = xsimd::batch<float, Arch>;
   constexpr std::size_t lanes = F::size;
   constexpr std::size_t P = KvElement<E>::kPerLane;
   constexpr std::size_t W = P * lanes;
   const std::size_t full = dv - dv % W;
-  for (std::size_t base = 0; base < full; base += W) {
-    F a[R][P];
+  auto blocks = [&](auto count, std::size_t base) {
+    constexpr std::size_t B = decltype(count)::value;
+    F a[B][R][P];
     ROPE_UNROLL
-    for (std::size_t r = 0; r < R; ++r) {
+    for (std::size_t b = 0; b < B; ++b) {
       ROPE_UNROLL
-      for (std::size_t k = 0; k < P; ++k) a[r][k] = F::load_unaligned(acc + r * acc_stride + base + k * lanes);
+      for (std::size_t r = 0; r < R; ++r) {
+        ROPE_UNROLL
+        for (std::size_t k = 0; k < P; ++k) {
+          a[b][r][k] = F::load_unaligned(acc + r * acc_stride + base + b * W + k * lanes);
+        }
+      }
     }
     for (std::size_t j = 0; j < n; ++j) {
-      F planes[P];
-      KvPlanes<E, Arch>::load(values + j * value_stride + base, planes);
+      const E* x = value(j) + base;
+      F planes[B][P];
+      ROPE_UNROLL
+      for (std::size_t b = 0; b < B; ++b) KvPlanes<E, Arch>::load(x + b * W, planes[b]);
       ROPE_UNROLL
       for (std::size_t r = 0; r < R; ++r) {
         const float w = weights[r * weight_stride + j];
         const F wb(value_scales != nullptr ? w * value_scales[j * scale_stride] : w);
         ROPE_UNROLL
-        for (std::size_t k = 0; k < P; ++k) a[r][k] = mul_add(wb, planes[k], a[r][k]);
+        for (std::size_t b = 0; b < B; ++b) {
+          ROPE_UNROLL
+          for (std::size_t k = 0; k < P; ++k) a[b][r][k] = mul_add(wb, planes[b][k], a[b][r][k]);
+        }
       }
     }
     ROPE_UNROLL
-    for (std::size_t r = 0; r < R; ++r) {
+    for (std::size_t b = 0; b < B; ++b) {
       ROPE_UNROLL
-      for (std::size_t k = 0; k < P; ++k) a[r][k].store_unaligned(acc + r * acc_stride + base + k * lanes);
+      for (std::size_t r = 0; r < R; ++r) {
+        ROPE_UNROLL
+        for (std::size_t k = 0; k < P; ++k) {
+          a[b][r][k].store_unaligned(acc + r * acc_stride + base + b * W + k * lanes);
+        }
+      }
     }
-  }
+  };
+  // Two blocks where their sums, planes and a weight fit in registers.
+  constexpr std::size_t B = 2 * R * P + 2 * P + 2 <= vector_registers<Arch>() ? 2 : 1;
+  std::size_t base = 0;
+  for (; base + B * W <= full; base += B * W) blocks(std::integral_constant<std::size_t, B>{}, base);
+  for (; base < full; base += W) blocks(std::integral_constant<std::size_t, 1>{}, base);
   ROPE_UNROLL
   for (std::size_t r = 0; r < R; ++r) {
     float* ar = acc + r * acc_stride;
     for (std::size_t j = 0; j < n; ++j) {
       const float w = weights[r * weight_stride + j];
       const float wj = value_scales != nullptr ? w * value_scales[j * scale_stride] : w;
-      const E* x = values + j * value_stride;
+      const E* x = value(j);
       for (std::size_t c = full; c < dv; ++c) ar[c] = std::fma(wj, widen_value(x[c]), ar[c]);
     }
   }
@@ -314,16 +337,29 @@ void dot_kv(const float* q, std::size_t q_stride, std::size_t rows, std::size_t 
 // acc_r += sum_j w_rj * value_j for `rows` rows and n values, value j at
 // values + j * value_stride (dv stored values), w_rj = weights[r *
 // weight_stride + j] times value_scales[j * scale_stride] when value_scales
-// is set (int8),
-// rounded once; acc row r at acc + r * acc_stride, dv floats in plane order.
+// is set (int8), rounded once; acc row r at acc + r * acc_stride, dv floats
+// in plane order.
 template <class E, class Arch = xsimd::default_arch>
 void weighted_kv(const float* weights, std::size_t weight_stride, std::size_t rows, std::size_t n, const E* values,
                  std::size_t value_stride, const float* value_scales, std::size_t scale_stride, std::size_t dv,
                  float* acc, std::size_t acc_stride) noexcept {
   detail::for_row_groups<detail::kv_max_rows<E, Arch>()>(rows, [&](auto group, std::size_t r) {
-    detail::weighted_kv_group<decltype(group)::value, E, Arch>(weights + r * weight_stride, weight_stride, n, values,
-                                                               value_stride, value_scales, scale_stride, dv,
-                                                               acc + r * acc_stride, acc_stride);
+    detail::weighted_kv_group<decltype(group)::value, E, Arch>(
+        weights + r * weight_stride, weight_stride, n, [=](std::size_t j) { return values + j * value_stride; },
+        value_scales, scale_stride, dv, acc + r * acc_stride, acc_stride);
+  });
+}
+
+// weighted_kv of n values anywhere, value j at values[j] + value_offset,
+// unscaled: bit for bit weighted_kv of the same values in a row.
+template <class E, class Arch = xsimd::default_arch>
+void weighted_kv_rows(const float* weights, std::size_t weight_stride, std::size_t rows, std::size_t n,
+                      const E* const* values, std::size_t value_offset, std::size_t dv, float* acc,
+                      std::size_t acc_stride) noexcept {
+  detail::for_row_groups<detail::kv_max_rows<E, Arch>()>(rows, [&](auto group, std::size_t r) {
+    detail::weighted_kv_group<decltype(group)::value, E, Arch>(
+        weights + r * weight_stride, weight_stride, n, [=](std::size_t j) { return values[j] + value_offset; }, nullptr,
+        0, dv, acc + r * acc_stride, acc_stride);
   });
 }
 
@@ -406,9 +442,10 @@ struct KvKeys {
 constexpr std::size_t kAttendMaxChunk = 64;
 
 // How many key tokens ahead attend_keys asks for a token's key and value
-// rows (into L2): batch_decode (32/8 heads, d 128, bf16) measured 4, 16
-// and 48 alike, each about 20% faster than asking for the values alone and
-// into L1, which evicted the query rows and sums.
+// rows (into L2), one key/value head's rows between two heads' dot
+// products: batch_decode (32/8 heads, d 128, bf16) measured 2, 4 and 8
+// alike; asking for a token's rows all at once stalled on the misses in
+// flight (about 20% slower), into L1 they evicted the query rows and sums.
 constexpr std::size_t kAttendAhead = 4;
 
 // The floats attend_keys works in: q_heads * (d + chunk + dv).
@@ -421,18 +458,20 @@ constexpr std::size_t attend_work(std::size_t q_heads, std::size_t d, std::size_
 // for each head h, m[h] = the max of its scores s_j = scale * q_h . k_j
 // (int8: times k_j's scale; capped by softcap when set), l[h] = sum_j
 // exp(s_j - m[h]), acc[h * dv ..] = sum_j exp(s_j - m[h]) v_j in channel
-// order. The keys are taken in chunks of a.chunk (at most kAttendMaxChunk); each chunk's scores key
-// token by key token over every key/value head (a token's rows in memory
-// order), its weights exp(s - m) relative to the running max, the earlier
-// sums scaled by exp(m_old - m_new) when the max grows.
+// order. The keys are taken in chunks of a.chunk (at most
+// kAttendMaxChunk): each chunk's scores key token by key token over every
+// key/value head (a token's rows in memory order), its weights exp(s - m)
+// relative to the running max, the earlier sums scaled by exp(m_old -
+// m_new) when the max grows, then its values weighted head by head over
+// the whole chunk (weighted_kv_rows, whatever pages it spans).
 namespace detail {
 
-// Where a chunk's tokens are: the slot of each, its offset in its page, and
-// where its key and value rows start (one division per chunk). Arch only
-// names the instruction set its code is compiled for (rope::dispatch).
+// Where a chunk's tokens are: the slot of each and where its key and value
+// rows start (one division per chunk). Arch only names the instruction set
+// its code is compiled for (rope::dispatch).
 template <class E, class Arch>
 struct ChunkRows {
-  std::size_t slots[kAttendMaxChunk], offsets[kAttendMaxChunk];
+  std::size_t slots[kAttendMaxChunk];
   const E* k[kAttendMaxChunk];
   const E* v[kAttendMaxChunk];
 
@@ -442,7 +481,6 @@ struct ChunkRows {
     for (std::size_t i = 0; i < count; ++i) {
       const auto id = static_cast<std::size_t>(a.pages[page]);
       slots[i] = id * ps + offset;
-      offsets[i] = offset;
       k[i] = a.k + id * a.k_page_stride + offset * a.k_token_stride;
       v[i] = a.v + id * a.v_page_stride + offset * a.v_token_stride;
       if (++offset == ps) {
@@ -458,7 +496,7 @@ struct ChunkRows {
 template <class E, class Arch = xsimd::default_arch>
 void attend_keys(const KvKeys<E>& a, const float* q, float* work, float* m, float* l, float* acc) noexcept {
   const std::size_t H = a.q_heads, Hk = a.kv_heads, G = H / Hk, d = a.d, dv = a.dv, S = a.chunk;
-  const std::size_t ps = a.page_size, end = a.first_key + a.keys;
+  const std::size_t end = a.first_key + a.keys;
   float* qp = work;
   float* scores = qp + H * d;
   float* ap = scores + H * S;
@@ -481,16 +519,16 @@ void attend_keys(const KvKeys<E>& a, const float* q, float* work, float* m, floa
     if (ahead > 0) chunks[now ^ 1].find(a, after, ahead);
     now ^= 1;
     for (std::size_t i = 0; i < count; ++i) {
-      // The key and value rows of the token kAttendAhead tokens on, into
-      // L2 (into L1 they would evict the query rows and sums).
+      // Where the key and value rows of the token kAttendAhead tokens on
+      // are, to ask for them head by head between the dot products.
       const std::size_t j = i + kAttendAhead;
-      if (j < count || j - count < ahead) {
-        const detail::ChunkRows<E, Arch>& at = j < count ? rows : next;
-        const std::size_t jj = j < count ? j : j - count;
-        detail::prefetch_rows_l2(at.k[jj], Hk, a.k_head_stride * sizeof(E), d * sizeof(E));
-        detail::prefetch_rows_l2(at.v[jj], Hk, a.v_head_stride * sizeof(E), dv * sizeof(E));
-      }
+      const E* k_ahead = j < count ? rows.k[j] : j - count < ahead ? next.k[j - count] : nullptr;
+      const E* v_ahead = j < count ? rows.v[j] : j - count < ahead ? next.v[j - count] : nullptr;
       for (std::size_t g = 0; g < Hk; ++g) {
+        if (k_ahead != nullptr) {
+          detail::prefetch_l2(v_ahead + g * a.v_head_stride, dv * sizeof(E));
+          detail::prefetch_l2(k_ahead + g * a.k_head_stride, d * sizeof(E));
+        }
         const float ks = a.k_scales != nullptr ? a.scale * a.k_scales[rows.slots[i] * Hk + g] : a.scale;
         dot_kv<E, Arch>(qp + g * G * d, d, G, d, rows.k[i] + g * a.k_head_stride, scores + g * G * S + i, S, ks);
       }
@@ -508,27 +546,18 @@ void attend_keys(const KvKeys<E>& a, const float* q, float* work, float* m, floa
       }
       m[h] = m_new;
     }
-    // The weighted values, one run of keys per page, every head of it.
-    for (std::size_t i = 0; i < count;) {
-      // Runs of at most kRun keys: weighted_kv reads each value once per
-      // block of channels, so a run's values should stay in L1.
-      constexpr std::size_t kRun = 16;
-      std::size_t run = count - i < ps - rows.offsets[i] ? count - i : ps - rows.offsets[i];
-      run = run < kRun ? run : kRun;
-      for (std::size_t g = 0; g < Hk; ++g) {
-        float* w = scores + g * G * S + i;
-        if (a.v_scales != nullptr) {
-          // int8: each weight times its value's scale, once (weighted_kv
-          // would multiply them again for every block of channels).
-          const float* vs = a.v_scales + rows.slots[i] * Hk + g;
-          for (std::size_t r = 0; r < G; ++r) {
-            for (std::size_t t = 0; t < run; ++t) w[r * S + t] *= vs[t * Hk];
-          }
+    // The weighted values of the chunk, head by head.
+    for (std::size_t g = 0; g < Hk; ++g) {
+      float* w = scores + g * G * S;
+      if (a.v_scales != nullptr) {
+        // int8: each weight times its value's scale, once (weighted_kv
+        // would multiply them again for every block of channels).
+        for (std::size_t t = 0; t < count; ++t) {
+          const float vs = a.v_scales[rows.slots[t] * Hk + g];
+          for (std::size_t r = 0; r < G; ++r) w[r * S + t] *= vs;
         }
-        weighted_kv<E, Arch>(w, S, G, run, rows.v[i] + g * a.v_head_stride, a.v_token_stride, nullptr, Hk, dv,
-                             ap + g * G * dv, dv);
       }
-      i += run;
+      weighted_kv_rows<E, Arch>(w, S, G, count, rows.v, g * a.v_head_stride, dv, ap + g * G * dv, dv);
     }
   }
   for (std::size_t h = 0; h < H; ++h) unpermute_row<E, Arch>(ap + h * dv, dv, acc + h * dv);
