@@ -3,6 +3,8 @@
 // cache may hold (float, BFloat16, Float16, int8), against their scalar
 // twins (reference.hpp), long double and the documented formulas:
 //   permute_row / unpermute_row: the plane order of the header, and inverses;
+//   KvPlanes: every 16-bit pattern and every int8 widened as widen_value
+//     widens it, bit for bit (a NaN a NaN);
 //   dot_kv: within d * eps * sum |q k| of reference::dot_kv and of long double;
 //   weighted_kv: bit for bit reference::weighted_kv where the architecture
 //     has fused multiply-adds, else within 2 (n + 1) eps sum |w s v| of it
@@ -113,6 +115,53 @@ void check_permute() {
 
 TYPED_TEST(KvRows, PermuteIsThePlaneOrderAndUnpermuteItsInverse) {
   for_each_element([](auto e) { check_permute<decltype(e), TypeParam>(); });
+}
+
+// The planes of a block, for every bit pattern of the 16-bit types and
+// every int8: value P*i + k in lane i of plane k, widened as the scalar
+// widen_value widens it, bit for bit; a NaN a NaN (AVX-512 widens binary16
+// with vcvtph2ps, which makes a signaling NaN quiet).
+template <class E, class Arch>
+void check_planes() {
+  using F = xsimd::batch<float, Arch>;
+  constexpr std::size_t lanes = F::size;
+  constexpr std::size_t P = rope::KvElement<E>::kPerLane;
+  constexpr std::size_t W = P * lanes;
+  const std::size_t patterns = sizeof(E) == 1 ? 256 : sizeof(E) == 2 ? 65536 : 4096;
+  std::mt19937 gen(3);
+  std::vector<E> all(patterns + W);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if constexpr (sizeof(E) == 4) {
+      const std::uint32_t bits = static_cast<std::uint32_t>(gen());
+      std::memcpy(&all[i], &bits, sizeof(E));
+    } else {
+      const auto bits = static_cast<std::uint16_t>(i % patterns);
+      std::memcpy(&all[i], &bits, sizeof(E));
+    }
+  }
+  for (std::size_t base = 0; base < patterns; base += W) {
+    F planes[P];
+    rope::detail::KvPlanes<E, Arch>::load(all.data() + base, planes);
+    float got[P][lanes];
+    for (std::size_t k = 0; k < P; ++k) planes[k].store_unaligned(got[k]);
+    for (std::size_t i = 0; i < lanes; ++i) {
+      for (std::size_t k = 0; k < P; ++k) {
+        const E x = all[base + P * i + k];
+        const float want = rope::detail::widen_value(x);
+        const float g = got[k][i];
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(g)) << Arch::name() << " " << element_name<E>() << " value " << base + P * i + k;
+        } else {
+          ASSERT_EQ(std::memcmp(&g, &want, sizeof(float)), 0) << Arch::name() << " " << element_name<E>() << " value "
+                                                              << base + P * i + k << ": " << g << " vs " << want;
+        }
+      }
+    }
+  }
+}
+
+TYPED_TEST(KvRows, PlanesWidenEveryStoredValueAsTheScalarConversion) {
+  for_each_element([](auto e) { check_planes<decltype(e), TypeParam>(); });
 }
 
 template <class E, class Arch>

@@ -3,7 +3,8 @@
 // key, the weighted sums of values, and the softmax of one row of scores.
 //
 // Arithmetic is in float. A stored value is widened exactly (int8 before its
-// scale, which the caller applies: q . (s k) = s (q . k)). A 32-bit SIMD lane
+// scale, which the caller applies: q . (s k) = s (q . k)); a NaN stays a
+// NaN (binary16 on AVX-512 through vcvtph2ps, which quiets a signaling one). A 32-bit SIMD lane
 // holds P stored values (1 for float, 2 for the 16-bit types, 4 for int8);
 // loaded as 32-bit lanes, value P*i + k of a block of W = P * lanes values
 // lands in lane i of "plane" k. Instead of shuffling every key and value
@@ -108,6 +109,17 @@ struct KvPlanes<Float16, Arch> {
   using U = xsimd::batch<std::uint32_t, Arch>;
   static void load(const Float16* p, F* out) noexcept {
     const U u = U::load_unaligned(reinterpret_cast<const std::uint32_t*>(p));
+#if defined(__AVX512F__)
+    // AVX-512F widens binary16 itself (vcvtph2ps): exact for every number,
+    // subnormals included whatever the denormals mode; a signaling NaN
+    // comes back quiet (a NaN all the same).
+    if constexpr (std::is_base_of<xsimd::avx512f, Arch>::value) {
+      const __m512i v = u;
+      out[0] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+      out[1] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)));
+      return;
+    }
+#endif
     out[0] = Float16Lanes<Arch>::low(u);
     out[1] = Float16Lanes<Arch>::high(u);
   }
