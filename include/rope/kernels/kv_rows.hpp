@@ -243,7 +243,7 @@ void weighted_kv_group(const float* weights, std::size_t weight_stride, std::siz
   constexpr std::size_t P = KvElement<E>::kPerLane;
   constexpr std::size_t W = P * lanes;
   const std::size_t full = dv - dv % W;
-  auto blocks = [&](auto count, std::size_t base) {
+  auto blocks = [&](auto count, std::size_t base) noexcept {
     constexpr std::size_t B = decltype(count)::value;
     F a[B][R][P];
     ROPE_UNROLL
@@ -357,8 +357,9 @@ void weighted_kv(const float* weights, std::size_t weight_stride, std::size_t ro
                  float* acc, std::size_t acc_stride) noexcept {
   detail::for_row_groups<detail::kv_max_rows<E, Arch>()>(rows, [&](auto group, std::size_t r) {
     detail::weighted_kv_group<decltype(group)::value, E, Arch>(
-        weights + r * weight_stride, weight_stride, n, [=](std::size_t j) { return values + j * value_stride; },
-        value_scales, scale_stride, dv, acc + r * acc_stride, acc_stride);
+        weights + r * weight_stride, weight_stride, n,
+        [=](std::size_t j) noexcept { return values + j * value_stride; }, value_scales, scale_stride, dv,
+        acc + r * acc_stride, acc_stride);
   });
 }
 
@@ -370,8 +371,8 @@ void weighted_kv_rows(const float* weights, std::size_t weight_stride, std::size
                       std::size_t acc_stride) noexcept {
   detail::for_row_groups<detail::kv_max_rows<E, Arch>()>(rows, [&](auto group, std::size_t r) {
     detail::weighted_kv_group<decltype(group)::value, E, Arch>(
-        weights + r * weight_stride, weight_stride, n, [=](std::size_t j) { return values[j] + value_offset; }, nullptr,
-        0, dv, acc + r * acc_stride, acc_stride);
+        weights + r * weight_stride, weight_stride, n, [=](std::size_t j) noexcept { return values[j] + value_offset; },
+        nullptr, 0, dv, acc + r * acc_stride, acc_stride);
   });
 }
 
