@@ -4,8 +4,9 @@
 //
 // Arithmetic is in float. A stored value is widened exactly (int8 before its
 // scale, which the caller applies: q . (s k) = s (q . k)); a NaN stays a
-// NaN (binary16 on AVX-512 through vcvtph2ps, which quiets a signaling one). A 32-bit SIMD lane
-// holds P stored values (1 for float, 2 for the 16-bit types, 4 for int8);
+// NaN (binary16 on AVX-512 through vcvtph2ps, which quiets a signaling
+// one). A 32-bit SIMD lane holds P stored values (1 for float, 2 for the
+// 16-bit types, 4 for int8);
 // loaded as 32-bit lanes, value P*i + k of a block of W = P * lanes values
 // lands in lane i of "plane" k. Instead of shuffling every key and value
 // back into channel order, the query rows and the accumulators are kept in
