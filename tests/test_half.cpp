@@ -166,6 +166,29 @@ TEST(Half, AgreesWithEigen) {
   }
 }
 
+// Lanes::pack of the samples, in batches as they come, against the scalar
+// narrowing bit for bit.
+template <class H, class Lanes, class Arch>
+void expect_pack_matches_scalar(const std::vector<float>& samples) {
+  using U = xsimd::batch<std::uint32_t, Arch>;
+  using F = xsimd::batch<float, Arch>;
+  constexpr std::size_t n = U::size;
+  std::uint16_t bits[2 * n];
+  float lo[n], hi[n];
+  for (std::size_t at = 0; at + 2 * n <= samples.size(); at += 2 * n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      lo[i] = samples[at + 2 * i];
+      hi[i] = samples[at + 2 * i + 1];
+    }
+    const U packed = Lanes::pack(F::load_unaligned(lo), F::load_unaligned(hi));
+    packed.store_unaligned(reinterpret_cast<std::uint32_t*>(bits));
+    for (std::size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(bits[2 * i], H(lo[i]).bits) << lo[i] << " (" << std::hex << to_bits(lo[i]) << ")";
+      ASSERT_EQ(bits[2 * i + 1], H(hi[i]).bits) << hi[i] << " (" << std::hex << to_bits(hi[i]) << ")";
+    }
+  }
+}
+
 // The SIMD conversions of the 16-bit kernels (detail/half_lanes.hpp), on
 // every architecture this build targets and the CPU runs, against the
 // scalar ones above bit for bit: widening every pattern, narrowing every
@@ -174,7 +197,6 @@ template <class H, class Arch>
 void expect_lanes_match_scalar() {
   using Lanes = typename rope::detail::LanesOf<H, Arch>::type;
   using U = xsimd::batch<std::uint32_t, Arch>;
-  using F = xsimd::batch<float, Arch>;
   constexpr std::size_t n = U::size;
   std::uint16_t bits[2 * n];
   float lo[n], hi[n];
@@ -191,19 +213,7 @@ void expect_lanes_match_scalar() {
   }
   // Fewer random and strided samples than the scalar test: it runs once per
   // architecture; every tie and edge is kept.
-  const auto samples = narrowing_samples(100000, 65537);
-  for (std::size_t at = 0; at + 2 * n <= samples.size(); at += 2 * n) {
-    for (std::size_t i = 0; i < n; ++i) {
-      lo[i] = samples[at + 2 * i];
-      hi[i] = samples[at + 2 * i + 1];
-    }
-    const U packed = Lanes::pack(F::load_unaligned(lo), F::load_unaligned(hi));
-    packed.store_unaligned(reinterpret_cast<std::uint32_t*>(bits));
-    for (std::size_t i = 0; i < n; ++i) {
-      ASSERT_EQ(bits[2 * i], H(lo[i]).bits) << lo[i] << " (" << std::hex << to_bits(lo[i]) << ")";
-      ASSERT_EQ(bits[2 * i + 1], H(hi[i]).bits) << hi[i] << " (" << std::hex << to_bits(hi[i]) << ")";
-    }
-  }
+  expect_pack_matches_scalar<H, Lanes, Arch>(narrowing_samples(100000, 65537));
 }
 
 TEST(Half, SimdLanesMatchTheScalarConversionsOnEveryArchitecture) {
@@ -215,6 +225,38 @@ TEST(Half, SimdLanesMatchTheScalarConversionsOnEveryArchitecture) {
     expect_lanes_match_scalar<rope::Float16, Arch>();
   });
   EXPECT_GT(archs, 0);
+}
+
+// The bfloat16 rounding of AVX512-BF16 (BFloat16HardwareLanes), where the
+// CPU has it, against the scalar narrowing bit for bit: the samples in
+// batches free of subnormals (every lane through the instruction), then
+// each subnormal sample alone among normal ones (which the instruction would
+// read as zero: the batch must take the integer rounding), then all mixed.
+TEST(Half, HardwareBFloat16RoundingMatchesTheScalarOne) {
+  int archs = 0;
+  rope_test::for_each_arch<float>([&](auto arch) {
+    using Arch = decltype(arch);
+    if constexpr (rope::detail::kBFloat16HardwareArch<Arch>) {
+      if (!rope::detail::avx512_bf16_runs<Arch>()) return;
+      ++archs;
+      using Lanes = rope::detail::BFloat16HardwareLanes<Arch>;
+      constexpr std::size_t n = 2 * xsimd::batch<float, Arch>::size;
+      const auto samples = narrowing_samples(100000, 65537);
+      std::vector<float> normal, subnormal;
+      for (float f : samples) (std::fpclassify(f) == FP_SUBNORMAL ? subnormal : normal).push_back(f);
+      ASSERT_GT(subnormal.size(), 100u);
+      expect_pack_matches_scalar<rope::BFloat16, Lanes, Arch>(normal);
+      std::vector<float> one_each;
+      for (std::size_t i = 0; i < subnormal.size(); ++i) {
+        for (std::size_t lane = 0; lane < n; ++lane) {
+          one_each.push_back(lane == i % n ? subnormal[i] : normal[(i * n + lane) % normal.size()]);
+        }
+      }
+      expect_pack_matches_scalar<rope::BFloat16, Lanes, Arch>(one_each);
+      expect_pack_matches_scalar<rope::BFloat16, Lanes, Arch>(samples);
+    }
+  });
+  if (archs == 0) GTEST_SKIP() << "no AVX512-BF16 on this CPU, or no AVX-512BW code in this build";
 }
 
 }  // namespace

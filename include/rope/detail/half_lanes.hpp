@@ -19,6 +19,11 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
 
 #include <xsimd/xsimd.hpp>
 
@@ -47,6 +52,66 @@ struct BFloat16Lanes {
     return (round_high(lo) >> 16) | (round_high(hi) & U(0xffff0000u));
   }
 };
+
+// BFloat16Lanes with the rounding done by AVX512-BF16's vcvtne2ps2bf16
+// (Intel Cooper Lake and Sapphire Rapids, AMD Zen 4 and later), for
+// AVX-512BW code on a CPU that has it (avx512_bf16_runs). Same bits as
+// BFloat16Lanes::pack: the instruction rounds to nearest even and quiets a
+// NaN exactly as round_high does, but reads a subnormal input as zero, so a
+// pair of batches holding a subnormal goes through the integer rounding
+// instead (vfpclassps finds them). The
+// instruction is written as inline assembly, which any assembler of the
+// toolchains rope supports takes without -mavx512bf16: so this code needs
+// no flags beyond AVX-512BW's and is the same in every translation unit,
+// and the CPU check (a cached CPUID leaf 7.1 bit) picks it at run time.
+template <class Arch>
+struct BFloat16HardwareLanes : BFloat16Lanes<Arch> {
+  using typename BFloat16Lanes<Arch>::U;
+  using typename BFloat16Lanes<Arch>::F;
+
+#if defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__GNUC__)
+  static U pack(const F& lo, const F& hi) noexcept {
+    const __m512 l = lo, h = hi;
+    if (!_kortestz_mask16_u8(_mm512_fpclass_ps_mask(l, 0x20), _mm512_fpclass_ps_mask(h, 0x20))) {
+      return BFloat16Lanes<Arch>::pack(lo, hi);
+    }
+    __m512i words;  // lo's 16 bfloat16 in the low half, hi's in the high half
+    __asm__("vcvtne2ps2bf16 %2, %1, %0" : "=v"(words) : "v"(h), "v"(l));
+    // Interleaved back into lanes: word 2i from lo's lane i, 2i+1 from hi's.
+    const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return U(_mm512_permutexvar_epi16(order, words));
+  }
+#endif
+};
+
+// Whether the kernels for Arch may use BFloat16HardwareLanes: AVX-512BW
+// code (and what xsimd builds on it) on an x86-64 CPU with AVX512-BF16.
+template <class Arch>
+constexpr bool kBFloat16HardwareArch =
+#if defined(__x86_64__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__GNUC__)
+    std::is_base_of<xsimd::avx512bw, Arch>::value;
+#else
+    false;
+#endif
+
+// Whether the running CPU has AVX512-BF16 (CPUID leaf 7 subleaf 1, EAX bit
+// 5), asked once. Templated on the architecture whose code calls it, like
+// everything rope::dispatch compiles once per instruction set.
+template <class Arch>
+bool avx512_bf16_runs() noexcept {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool runs = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_max(0, nullptr) < 7) return false;
+    __cpuid_count(7, 1, a, b, c, d);
+    return (a & (1u << 5)) != 0;
+  }();
+  return runs;
+#else
+  return false;
+#endif
+}
 
 template <class Arch>
 struct Float16Lanes {

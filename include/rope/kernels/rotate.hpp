@@ -418,6 +418,18 @@ void rotate_heads_16(const T* x, std::ptrdiff_t x_stride, T* y, std::ptrdiff_t y
   auto* yb = reinterpret_cast<std::uint16_t*>(y);
   using Forward = Step16<S, false, Lanes, Arch>;
   const auto row = Forward::Row::make(cos, sin, pairs, work);
+  if constexpr (std::is_same<T, BFloat16>::value && kBFloat16HardwareArch<Arch>) {
+    if (avx512_bf16_runs<Arch>()) {
+      // The same bits, rounded by the CPU's bfloat16 conversion.
+      using Hardware = BFloat16HardwareLanes<Arch>;
+      if (dir == Direction::forward) {
+        rotate_rows<S, Step16<S, false, Hardware, Arch>, Arch>(xb, x_stride, yb, y_stride, heads, row, pairs);
+      } else {
+        rotate_rows<S, Step16<S, true, Hardware, Arch>, Arch>(xb, x_stride, yb, y_stride, heads, row, pairs);
+      }
+      return;
+    }
+  }
   if (dir == Direction::forward) {
     rotate_rows<S, Forward, Arch>(xb, x_stride, yb, y_stride, heads, row, pairs);
   } else {
