@@ -25,39 +25,25 @@ inline std::size_t thread_count(std::size_t threads, const Executor& executor) n
   return executor.set() ? executor.workers : threads;
 }
 
-// Runs work(item, worker) for items 0 .. count-1 in min(threads, count)
-// shares (at least 1): on `threads` threads (the caller is one of them), or
-// handed to `executor` as one task per share when it is set. Item i always
-// goes to the same contiguous share whatever the thread count, and each item
-// is computed the same way, so the results depend neither on the count nor
-// on who runs the shares. A thread that cannot start has its share run by
-// the caller; an exception in a share (memory exhausted) is rethrown here
-// after every share has finished.
-template <class Work>
-void parallel_for(std::size_t count, std::size_t threads, const Executor& executor, Work&& work) {
-  const std::size_t workers = std::max<std::size_t>(1, std::min(threads, count));
-  const auto share = [&](std::size_t w) {
-    for (std::size_t i = count * w / workers; i < count * (w + 1) / workers; ++i) work(i, w);
-  };
-  if (workers == 1) {
-    share(0);
-    return;
-  }
+// Runs task(context, w) for w = 0 .. workers-1 (workers >= 2), each on its
+// own thread or the executor's, and rethrows the first worker's exception
+// after all have finished. Not a template: the threads, the exception
+// plumbing and std::thread's own templates are compiled once per
+// translation unit, however many kinds of work it runs.
+inline void run_workers(std::size_t workers, const Executor& executor, void (*task)(void*, std::size_t),
+                        void* context) {
   std::vector<std::exception_ptr> errors(workers);
   const auto guarded = [&](std::size_t w) noexcept {
     try {
-      share(w);
+      task(context, w);
     } catch (...) {
       errors[w] = std::current_exception();
     }
   };
   if (executor.set()) {
     using Guarded = decltype(guarded);
-    const auto task = [](void* context, std::size_t w) {
-      const auto& run = *static_cast<const Guarded*>(context);
-      run(w);
-    };
-    executor.parallel_for(executor.context, workers, task, const_cast<void*>(static_cast<const void*>(&guarded)));
+    const auto run = [](void* guard, std::size_t w) { (*static_cast<const Guarded*>(guard))(w); };
+    executor.parallel_for(executor.context, workers, run, const_cast<void*>(static_cast<const void*>(&guarded)));
   } else {
     std::vector<std::thread> pool;
     pool.reserve(workers - 1);
@@ -78,7 +64,29 @@ void parallel_for(std::size_t count, std::size_t threads, const Executor& execut
   }
 }
 
-// The same on threads of rope's own.
+// Runs work(item, worker) for items 0 .. count-1 in min(threads, count)
+// shares (at least 1): on `threads` threads (the caller is one of them), or
+// handed to `executor` as one task per share when it is set. Item i always
+// goes to the same contiguous share whatever the thread count, and each item
+// is computed the same way, so the results depend neither on the count nor
+// on who runs the shares. A thread that cannot start has its share run by
+// the caller; an exception in a share (memory exhausted) is rethrown here
+// after every share has finished.
+template <class Work>
+void parallel_for(std::size_t count, std::size_t threads, const Executor& executor, Work&& work) {
+  const std::size_t workers = std::max<std::size_t>(1, std::min(threads, count));
+  const auto share = [&](std::size_t w) {
+    for (std::size_t i = count * w / workers; i < count * (w + 1) / workers; ++i) work(i, w);
+  };
+  if (workers == 1) {
+    share(0);
+    return;
+  }
+  using Share = decltype(share);
+  const auto task = [](void* context, std::size_t w) { (*static_cast<const Share*>(context))(w); };
+  run_workers(workers, executor, task, const_cast<void*>(static_cast<const void*>(&share)));
+}
+
 template <class Work>
 void parallel_for(std::size_t count, std::size_t threads, Work&& work) {
   parallel_for(count, threads, Executor{}, std::forward<Work>(work));
