@@ -67,7 +67,8 @@ struct PairRow {
 // A step rotates kPairs pairs of one head vector. The interface every step
 // has:
 //   Row                  how it reads the row's cos/sin (prepared once per row)
-//   Step(row, p)         the cos/sin of pairs p .. p+kPairs-1, in registers
+//   Step(row, p, inverse) the cos/sin of pairs p .. p+kPairs-1, in registers
+//                        (sin negated for the inverse rotation)
 //   Input(x, p, pairs)   the step's inputs, loaded from a head vector x of
 //                        `pairs` pairs (a constructor, so that it is never
 //                        passed by value: aarch64 GCC notes every such ABI)
@@ -76,14 +77,21 @@ struct PairRow {
 //                        the same for a whole row of fewer pairs than a
 //                        step, touching nothing past it (load_partial)
 //   kRegisters           vector registers the step holds
-template <Style S, bool Inverse, class T, class Arch>
+template <Style S, class T, class Arch>
 struct Step;
 
 struct Short {};  // a row of fewer pairs than one step
 
+// sin as a step keeps it: negated for the inverse rotation (exact), decided
+// once per step and row rather than compiled as a second kernel.
+template <class B>
+ROPE_ALWAYS_INLINE B sign_of_sin(const B& s, bool inverse) noexcept {
+  return inverse ? -s : s;
+}
+
 // rotate_half: n pairs whose first channels start at x[p], second at x[p + pairs].
-template <bool Inverse, class T, class Arch>
-struct Step<Style::rotate_half, Inverse, T, Arch> {
+template <class T, class Arch>
+struct Step<Style::rotate_half, T, Arch> {
   using B = xsimd::batch<T, Arch>;
   using Element = T;
   using Row = PairRow<T>;
@@ -104,9 +112,8 @@ struct Step<Style::rotate_half, Inverse, T, Arch> {
   B c, s;
 
   Step() = default;
-  Step(const Row& row, std::size_t p) noexcept
-      : c(B::load_unaligned(row.cos + p)),
-        s(Inverse ? -B::load_unaligned(row.sin + p) : B::load_unaligned(row.sin + p)) {}
+  Step(const Row& row, std::size_t p, bool inverse) noexcept
+      : c(B::load_unaligned(row.cos + p)), s(sign_of_sin(B::load_unaligned(row.sin + p), inverse)) {}
   void store(const Input& in, T* y, std::size_t p, std::size_t pairs) const noexcept {
     neg_mul_add(in.b, s, in.a * c).store_unaligned(y + p);      // a c - b s
     mul_add(in.a, s, in.b * c).store_unaligned(y + pairs + p);  // b c + a s
@@ -120,8 +127,8 @@ struct Step<Style::rotate_half, Inverse, T, Arch> {
 // block_diagonal: n adjacent pairs, the 2n channels from x[2p], in two
 // batches. y = x c + swap(x) (-s, +s, ...): the same two products per pair
 // as rotate_half.
-template <bool Inverse, class T, class Arch>
-struct Step<Style::block_diagonal, Inverse, T, Arch> {
+template <class T, class Arch>
+struct Step<Style::block_diagonal, T, Arch> {
   using B = xsimd::batch<T, Arch>;
   using Element = T;
   using Row = PairRow<T>;
@@ -142,10 +149,10 @@ struct Step<Style::block_diagonal, Inverse, T, Arch> {
   B c0, c1, s0, s1;
 
   Step() = default;
-  Step(const Row& row, std::size_t p) noexcept {
-    const B sign = alternating<T, Arch>(Inverse ? T(1) : T(-1), Inverse ? T(-1) : T(1));
+  Step(const Row& row, std::size_t p, bool inverse) noexcept {
+    const B sign = alternating<T, Arch>(T(-1), T(1));
     const B c = B::load_unaligned(row.cos + p);
-    const B s = B::load_unaligned(row.sin + p);
+    const B s = sign_of_sin(B::load_unaligned(row.sin + p), inverse);
     c0 = duplicate_low(c);
     c1 = duplicate_high(c);
     s0 = duplicate_low(s) * sign;
@@ -201,11 +208,11 @@ struct Row16 {
   }
 };
 
-template <Style S, bool Inverse, class Lanes, class Arch>
+template <Style S, class Lanes, class Arch>
 struct Step16;
 
-template <bool Inverse, class Lanes, class Arch>
-struct Step16<Style::rotate_half, Inverse, Lanes, Arch> {
+template <class Lanes, class Arch>
+struct Step16<Style::rotate_half, Lanes, Arch> {
   using U = xsimd::batch<std::uint32_t, Arch>;
   using F = xsimd::batch<float, Arch>;
   using Element = std::uint16_t;
@@ -224,7 +231,7 @@ struct Step16<Style::rotate_half, Inverse, Lanes, Arch> {
   Step16() = default;
   // Pairs p, p+2, ... are in the low halves: the even entries of the row
   // when p is even, the odd ones when p is odd.
-  Step16(const Row& row, std::size_t p) noexcept {
+  Step16(const Row& row, std::size_t p, bool inverse) noexcept {
     const bool even = p % 2 == 0;
     const float* cl = even ? row.cos_even + p / 2 : row.cos_odd + p / 2;
     const float* ch = even ? row.cos_odd + p / 2 : row.cos_even + (p + 1) / 2;
@@ -232,8 +239,8 @@ struct Step16<Style::rotate_half, Inverse, Lanes, Arch> {
     const float* sh = even ? row.sin_odd + p / 2 : row.sin_even + (p + 1) / 2;
     c_low = F::load_unaligned(cl);
     c_high = F::load_unaligned(ch);
-    s_low = Inverse ? -F::load_unaligned(sl) : F::load_unaligned(sl);
-    s_high = Inverse ? -F::load_unaligned(sh) : F::load_unaligned(sh);
+    s_low = sign_of_sin(F::load_unaligned(sl), inverse);
+    s_high = sign_of_sin(F::load_unaligned(sh), inverse);
   }
 
   void store(const Input& in, std::uint16_t* y, std::size_t p, std::size_t pairs) const noexcept {
@@ -260,9 +267,9 @@ struct Step16<Style::rotate_half, Inverse, Lanes, Arch> {
 
 // 16-bit storage, block_diagonal: lane i of x[2p..] is pair p+i, its first
 // channel in the low half and its second in the high half.
-template <bool Inverse, class Lanes, class Arch>
-struct Step16<Style::block_diagonal, Inverse, Lanes, Arch> {
-  using Base = Step16<Style::rotate_half, Inverse, Lanes, Arch>;
+template <class Lanes, class Arch>
+struct Step16<Style::block_diagonal, Lanes, Arch> {
+  using Base = Step16<Style::rotate_half, Lanes, Arch>;
   using U = typename Base::U;
   using F = typename Base::F;
   using Element = std::uint16_t;
@@ -277,9 +284,8 @@ struct Step16<Style::block_diagonal, Inverse, Lanes, Arch> {
   F c, s;
 
   Step16() = default;
-  Step16(const Row& row, std::size_t p) noexcept
-      : c(F::load_unaligned(row.cos + p)),
-        s(Inverse ? -F::load_unaligned(row.sin + p) : F::load_unaligned(row.sin + p)) {}
+  Step16(const Row& row, std::size_t p, bool inverse) noexcept
+      : c(F::load_unaligned(row.cos + p)), s(sign_of_sin(F::load_unaligned(row.sin + p), inverse)) {}
 
   void store(const Input& in, std::uint16_t* y, std::size_t p, std::size_t /*pairs*/) const noexcept {
     const F a = Lanes::low(in.v), b = Lanes::high(in.v);
@@ -325,7 +331,7 @@ struct RowScale {
 template <class StepT, class Row, class Scale>
 ROPE_NOINLINE void rotate_short(const typename StepT::Element* x, std::ptrdiff_t x_stride, typename StepT::Element* y,
                                 std::ptrdiff_t y_stride, std::size_t heads, const Row& row, std::size_t pairs,
-                                const Scale& scale) noexcept {
+                                bool inverse, const Scale& scale) noexcept {
   using C = std::decay_t<decltype(row.cos_at(0))>;
   constexpr std::size_t n = StepT::kPairs;
   C c[n] = {}, s[n] = {};
@@ -334,7 +340,7 @@ ROPE_NOINLINE void rotate_short(const typename StepT::Element* x, std::ptrdiff_t
     s[p] = row.sin_at(p);
   }
   C work[2 * n + 2];
-  const StepT step(StepT::Row::make(c, s, n, work), 0);
+  const StepT step(StepT::Row::make(c, s, n, work), 0, inverse);
   for (std::size_t h = 0; h < heads; ++h) {
     typename StepT::Input in(x + static_cast<std::ptrdiff_t>(h) * x_stride, pairs, Short{});
     scale(in, h, pairs, Short{});
@@ -359,12 +365,12 @@ constexpr std::size_t block_steps() noexcept {
 template <Style S, class StepT, class Arch, class Scale = Unscaled>
 inline void rotate_rows(const typename StepT::Element* x, std::ptrdiff_t x_stride, typename StepT::Element* y,
                         std::ptrdiff_t y_stride, std::size_t heads, const typename StepT::Row& row, std::size_t pairs,
-                        const Scale& scale = {}) noexcept {
+                        bool inverse, const Scale& scale = {}) noexcept {
   constexpr std::size_t n = StepT::kPairs;
   constexpr std::size_t kBlock = block_steps<StepT, Arch>();
   const std::size_t full = pairs / n;  // whole steps in a row
   if (full == 0) {
-    if (pairs > 0) rotate_short<StepT>(x, x_stride, y, y_stride, heads, row, pairs, scale);
+    if (pairs > 0) rotate_short<StepT>(x, x_stride, y, y_stride, heads, row, pairs, inverse, scale);
     return;
   }
   const std::size_t last = pairs - n;  // first pair of the overlapping last step
@@ -372,11 +378,11 @@ inline void rotate_rows(const typename StepT::Element* x, std::ptrdiff_t x_strid
   for (std::size_t first = 0; first < full; first += kBlock) {
     const std::size_t count = full - first < kBlock ? full - first : kBlock;
     StepT block[kBlock];
-    for (std::size_t i = 0; i < count; ++i) block[i] = StepT(row, (first + i) * n);
+    for (std::size_t i = 0; i < count; ++i) block[i] = StepT(row, (first + i) * n, inverse);
     if (overlap && first + count == full) {
       // The block that writes the overlapped pairs: each head loads the
       // last step's inputs before the block stores over them.
-      const StepT tail(row, last);
+      const StepT tail(row, last, inverse);
       for (std::size_t h = 0; h < heads; ++h) {
         const auto* xh = x + static_cast<std::ptrdiff_t>(h) * x_stride;
         auto* yh = y + static_cast<std::ptrdiff_t>(h) * y_stride;
@@ -416,25 +422,18 @@ void rotate_heads_16(const T* x, std::ptrdiff_t x_stride, T* y, std::ptrdiff_t y
   // The storage types hold their bits as their one std::uint16_t member.
   const auto* xb = reinterpret_cast<const std::uint16_t*>(x);
   auto* yb = reinterpret_cast<std::uint16_t*>(y);
-  using Forward = Step16<S, false, Lanes, Arch>;
-  const auto row = Forward::Row::make(cos, sin, pairs, work);
+  using Software = Step16<S, Lanes, Arch>;
+  const auto row = Software::Row::make(cos, sin, pairs, work);
+  const bool inverse = dir == Direction::inverse;
   if constexpr (std::is_same<T, BFloat16>::value && kBFloat16HardwareArch<Arch>) {
     if (avx512_bf16_runs<Arch>()) {
       // The same bits, rounded by the CPU's bfloat16 conversion.
       using Hardware = BFloat16HardwareLanes<Arch>;
-      if (dir == Direction::forward) {
-        rotate_rows<S, Step16<S, false, Hardware, Arch>, Arch>(xb, x_stride, yb, y_stride, heads, row, pairs);
-      } else {
-        rotate_rows<S, Step16<S, true, Hardware, Arch>, Arch>(xb, x_stride, yb, y_stride, heads, row, pairs);
-      }
+      rotate_rows<S, Step16<S, Hardware, Arch>, Arch>(xb, x_stride, yb, y_stride, heads, row, pairs, inverse);
       return;
     }
   }
-  if (dir == Direction::forward) {
-    rotate_rows<S, Forward, Arch>(xb, x_stride, yb, y_stride, heads, row, pairs);
-  } else {
-    rotate_rows<S, Step16<S, true, Lanes, Arch>, Arch>(xb, x_stride, yb, y_stride, heads, row, pairs);
-  }
+  rotate_rows<S, Software, Arch>(xb, x_stride, yb, y_stride, heads, row, pairs, inverse);
 }
 
 }  // namespace detail
@@ -454,13 +453,8 @@ void rotate_heads(const T* x, std::ptrdiff_t x_stride, T* y, std::ptrdiff_t y_st
                   const T* sin, std::size_t rotary_dim, Direction dir = Direction::forward) noexcept {
   static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
                 "rope::rotate_heads: T must be float or double");
-  const detail::PairRow<T> row{cos, sin};
-  const std::size_t pairs = rotary_dim / 2;
-  if (dir == Direction::forward) {
-    detail::rotate_rows<S, detail::Step<S, false, T, Arch>, Arch>(x, x_stride, y, y_stride, heads, row, pairs);
-  } else {
-    detail::rotate_rows<S, detail::Step<S, true, T, Arch>, Arch>(x, x_stride, y, y_stride, heads, row, pairs);
-  }
+  detail::rotate_rows<S, detail::Step<S, T, Arch>, Arch>(x, x_stride, y, y_stride, heads, detail::PairRow<T>{cos, sin},
+                                                         rotary_dim / 2, dir == Direction::inverse);
 }
 
 // rotate_heads (forward) of RMSNorm-scaled heads: channel c of head h
@@ -474,8 +468,9 @@ template <Style S, class Arch = xsimd::default_arch>
 void rotate_heads_scaled(const float* x, std::ptrdiff_t x_stride, float* y, std::ptrdiff_t y_stride, std::size_t heads,
                          const float* cos, const float* sin, std::size_t rotary_dim, const float* r,
                          const float* w) noexcept {
-  detail::rotate_rows<S, detail::Step<S, false, float, Arch>, Arch>(
-      x, x_stride, y, y_stride, heads, detail::PairRow<float>{cos, sin}, rotary_dim / 2, detail::RowScale<float>{r, w});
+  detail::rotate_rows<S, detail::Step<S, float, Arch>, Arch>(x, x_stride, y, y_stride, heads,
+                                                             detail::PairRow<float>{cos, sin}, rotary_dim / 2, false,
+                                                             detail::RowScale<float>{r, w});
 }
 
 // Rotates the first rotary_dim channels of the head vector x into y: the
