@@ -90,14 +90,16 @@ template <class Arch, class T, class Source>
 void run_loop(Style style, const Pass<T>* passes, std::size_t count, const Source& source, std::size_t rotary_dim,
               const Options& options) {
   using C = compute_t<T>;
+  // One run for both pairings and both origins of the loop: a pointer per
+  // chunk costs nothing a token would notice, and each copy of run is
+  // compiled code every user of the tensor API pays for.
+  TokenLoop<T, C, Source> loop = nullptr;
   with_style(style, [&](auto s) {
     constexpr Style S = decltype(s)::value;
-    if (const auto loop = installed_loop<S, T, Source>()) {
-      run<T, C>(passes, count, source, rotary_dim, options, loop);
-    } else {
-      run<T, C>(passes, count, source, rotary_dim, options, CompiledLoop<S, Arch>{});
-    }
+    loop = installed_loop<S, T, Source>();
+    if (loop == nullptr) loop = &rotate_tokens<S, Arch, T, C, Source>;
   });
+  run<T, C>(passes, count, source, rotary_dim, options, loop);
 }
 
 // The table of rotate_tokens compiled for Arch (rope::dispatch instantiates

@@ -18,10 +18,9 @@
 //   run(...)                     workspaces, the streaming decision and
 //                                threads, compiled with the caller's own
 //                                flags; it calls rotate_tokens through a
-//                                TokenLoop (a function pointer from
-//                                rope::dispatch, one call per chunk) or
-//                                CompiledLoop (a direct call, the header-only
-//                                path).
+//                                TokenLoop, a function pointer (one call
+//                                per chunk): rope::dispatch's, or the one
+//                                compiled in the caller's unit.
 #pragma once
 
 #include <algorithm>
@@ -151,10 +150,10 @@ struct Work {
 
 // Tokens begin .. end-1 of every pass. scratch: the gathered cos/sin of
 // MultiAxis (rotary_dim values), then the work of rotate_token_heads. With
-// stream set, an out-of-place pass is rotated into staging (a token's heads)
-// and streamed to its output: a token's heads at once when they are
-// contiguous, so that the streaming stores cover whole cache lines and only
-// the ragged ends of a token's block go through the cache.
+// stream set, an out-of-place pass is rotated into staging (a token's heads,
+// contiguous) and streamed to its output: a token's heads at once when they
+// are contiguous there too, so that the streaming stores cover whole cache
+// lines and only the ragged ends of a token's block go through the cache.
 template <Style S, class Arch, class T, class C, class Source>
 void rotate_tokens(const Work<T, Source>& shared, std::size_t begin, std::size_t end, C* scratch, T* staging) noexcept {
   // Local copies: the kernels' stores may alias anything (SIMD stores do),
@@ -174,19 +173,20 @@ void rotate_tokens(const Work<T, Source>& shared, std::size_t begin, std::size_t
         const std::size_t read = (p.out.data == p.in.data ? w.rotary_dim : d) * sizeof(T);
         for (std::size_t h = 0; h < p.in.heads; ++h) prefetch(p.in.row(t + 1, h), read);
       }
-      const auto in_stride = static_cast<std::ptrdiff_t>(p.in.head_stride);
-      if (!w.stream || p.out.data == p.in.data) {
-        rotate_token_heads<S, Arch>(p.in.row(t, 0), in_stride, p.out.row(t, 0),
-                                    static_cast<std::ptrdiff_t>(p.out.head_stride), p.in.heads, d, cos, sin,
-                                    w.rotary_dim, w.direction, work);
-      } else if (p.out.head_stride == d) {
-        rotate_token_heads<S, Arch>(p.in.row(t, 0), in_stride, staging, static_cast<std::ptrdiff_t>(d), p.in.heads, d,
-                                    cos, sin, w.rotary_dim, w.direction, work);
-        stream_copy<Arch>(p.out.row(t, 0), staging, p.in.heads * d * sizeof(T));
-      } else {
-        for (std::size_t h = 0; h < p.in.heads; ++h) {
-          rotate_token_heads<S, Arch>(p.in.row(t, h), 0, staging, 0, 1, d, cos, sin, w.rotary_dim, w.direction, work);
-          stream_copy<Arch>(p.out.row(t, h), staging, d * sizeof(T));
+      // Streamed, a token's heads are rotated into staging (contiguous) and
+      // then streamed out: in one copy when the output's heads are
+      // contiguous too, so that whole cache lines are streamed.
+      const bool staged = w.stream && p.out.data != p.in.data;
+      T* const out = staged ? staging : p.out.row(t, 0);
+      const auto out_stride = static_cast<std::ptrdiff_t>(staged ? d : p.out.head_stride);
+      rotate_token_heads<S, Arch>(p.in.row(t, 0), static_cast<std::ptrdiff_t>(p.in.head_stride), out, out_stride,
+                                  p.in.heads, d, cos, sin, w.rotary_dim, w.direction, work);
+      if (staged) {
+        if (p.out.head_stride == d) {
+          stream_copy<Arch>(p.out.row(t, 0), staging, p.in.heads * d * sizeof(T));
+        } else {
+          for (std::size_t h = 0; h < p.in.heads; ++h)
+            stream_copy<Arch>(p.out.row(t, h), staging + h * d, d * sizeof(T));
         }
       }
     }
@@ -194,19 +194,10 @@ void rotate_tokens(const Work<T, Source>& shared, std::size_t begin, std::size_t
   if (w.stream) stream_fence<Arch>();
 }
 
-// rotate_tokens of one pairing and architecture, through a pointer
-// (rope::dispatch) ...
+// rotate_tokens of one pairing and architecture, through a pointer: the
+// one rope::dispatch installed or the one compiled in the caller's unit.
 template <class T, class C, class Source>
 using TokenLoop = void (*)(const Work<T, Source>&, std::size_t, std::size_t, C*, T*) noexcept;
-
-// ... or called directly (the header-only path).
-template <Style S, class Arch>
-struct CompiledLoop {
-  template <class T, class C, class Source>
-  void operator()(const Work<T, Source>& w, std::size_t begin, std::size_t end, C* scratch, T* staging) const noexcept {
-    rotate_tokens<S, Arch, T, C, Source>(w, begin, end, scratch, staging);
-  }
-};
 
 // Streaming pays off once the output is far beyond what the caches keep;
 // below that the output is better left in cache for the attention that
@@ -220,9 +211,9 @@ constexpr std::size_t kStreamingBytes = std::size_t(64) << 20;
 // thread count. Everything that can fail is done before the first write: the
 // workspaces are allocated here, and a thread that cannot be started has its
 // chunk run by the caller instead.
-template <class T, class C, class Source, class Loop>
+template <class T, class C, class Source>
 void run(const Pass<T>* passes, std::size_t count, const Source& source, std::size_t rotary_dim, const Options& options,
-         Loop loop) {
+         TokenLoop<T, C, Source> loop) {
   const std::size_t tokens = passes[0].in.tokens;
   std::size_t token_block = 0;  // the most elements a pass has per token
   std::size_t written = 0;
