@@ -11,9 +11,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <exception>
+#include <memory>
 #include <thread>
 #include <utility>
-#include <vector>
 
 #include "../executor.hpp"
 
@@ -25,42 +25,53 @@ inline std::size_t thread_count(std::size_t threads, const Executor& executor) n
   return executor.set() ? executor.workers : threads;
 }
 
+// One share of run_workers: the task, and where its exception goes.
+struct WorkerShares {
+  void (*task)(void*, std::size_t);
+  void* context;
+  std::exception_ptr* errors;  // one per share
+};
+
+inline void run_share(const WorkerShares* shares, std::size_t w) noexcept {
+  try {
+    shares->task(shares->context, w);
+  } catch (...) {
+    shares->errors[w] = std::current_exception();
+  }
+}
+
 // Runs task(context, w) for w = 0 .. workers-1 (workers >= 2), each on its
 // own thread or the executor's, and rethrows the first worker's exception
-// after all have finished. Not a template: the threads, the exception
-// plumbing and std::thread's own templates are compiled once per
-// translation unit, however many kinds of work it runs.
+// after all have finished. Not a template, and std::thread started on a
+// plain function: the threads, the exception plumbing and std::thread's own
+// templates are compiled once per translation unit, however many kinds of
+// work it runs (they were a tenth of what a header-only user paid to
+// compile one rope::apply).
 inline void run_workers(std::size_t workers, const Executor& executor, void (*task)(void*, std::size_t),
                         void* context) {
-  std::vector<std::exception_ptr> errors(workers);
-  const auto guarded = [&](std::size_t w) noexcept {
-    try {
-      task(context, w);
-    } catch (...) {
-      errors[w] = std::current_exception();
-    }
-  };
+  const std::unique_ptr<std::exception_ptr[]> errors(new std::exception_ptr[workers]);
+  const WorkerShares shares{task, context, errors.get()};
+  void* const shared = const_cast<void*>(static_cast<const void*>(&shares));
   if (executor.set()) {
-    using Guarded = decltype(guarded);
-    const auto run = [](void* guard, std::size_t w) { (*static_cast<const Guarded*>(guard))(w); };
-    executor.parallel_for(executor.context, workers, run, const_cast<void*>(static_cast<const void*>(&guarded)));
+    executor.parallel_for(
+        executor.context, workers, [](void* s, std::size_t w) { run_share(static_cast<const WorkerShares*>(s), w); },
+        shared);
   } else {
-    std::vector<std::thread> pool;
-    pool.reserve(workers - 1);
+    const std::unique_ptr<std::thread[]> pool(new std::thread[workers - 1]);
     std::size_t started = 1;
     for (; started < workers; ++started) {
       try {
-        pool.emplace_back(guarded, started);
+        pool[started - 1] = std::thread(run_share, &shares, started);
       } catch (...) {
         break;
       }
     }
-    for (std::size_t w = started; w < workers; ++w) guarded(w);
-    guarded(0);
-    for (auto& t : pool) t.join();
+    for (std::size_t w = started; w < workers; ++w) run_share(&shares, w);
+    run_share(&shares, 0);
+    for (std::size_t w = 1; w < started; ++w) pool[w - 1].join();
   }
-  for (const auto& e : errors) {
-    if (e) std::rethrow_exception(e);
+  for (std::size_t w = 0; w < workers; ++w) {
+    if (errors[w]) std::rethrow_exception(errors[w]);
   }
 }
 
