@@ -375,6 +375,29 @@ constexpr std::size_t vector_registers() noexcept {
   return std::is_base_of<xsimd::avx512f, Arch>::value || std::is_base_of<xsimd::neon64, Arch>::value ? 32 : 16;
 }
 
+// Calls block<R>(r) for consecutive groups of rows covering 0 .. rows-1,
+// each group the largest power of two <= Max that fits what is left.
+template <std::size_t Max, class Block>
+void for_row_groups(std::size_t rows, Block&& block) noexcept {
+  std::size_t r = 0;
+  while (r < rows) {
+    const std::size_t left = rows - r;
+    if (Max >= 8 && left >= 8) {
+      block(std::integral_constant<std::size_t, (Max >= 8 ? 8 : 1)>{}, r);
+      r += 8;
+    } else if (Max >= 4 && left >= 4) {
+      block(std::integral_constant<std::size_t, (Max >= 4 ? 4 : 1)>{}, r);
+      r += 4;
+    } else if (Max >= 2 && left >= 2) {
+      block(std::integral_constant<std::size_t, (Max >= 2 ? 2 : 1)>{}, r);
+      r += 2;
+    } else {
+      block(std::integral_constant<std::size_t, 1>{}, r);
+      r += 1;
+    }
+  }
+}
+
 // The sum of the lanes: hadd in xsimd 8.1, reduce_add since 10 (hadd is gone in 14).
 template <class T, class Arch>
 T sum_lanes(const xsimd::batch<T, Arch>& v) noexcept {

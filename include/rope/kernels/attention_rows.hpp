@@ -115,29 +115,18 @@ void weighted_block(const T* weights, std::size_t weight_stride, std::size_t n, 
 
 // acc_r += sum_j weights[r * weight_stride + j] * value_j for `rows` rows
 // and n values (value j at values + j * value_stride, dv channels; acc row r
-// at acc + r * acc_stride). Up to 8 rows (a decode step's query heads per
-// key/value head) in registers; more rows one value at a time.
+// at acc + r * acc_stride). Rows in groups of 8, 4, 2 and 1 (a decode step's
+// query heads per key/value head: 7 = 4 + 2 + 1), each group's accumulators
+// in registers while the values stream past. Each row's sum is the same
+// whatever its group; four group sizes rather than one per count keep the
+// code every user of softmax compiles small.
 template <class T, class Arch = xsimd::default_arch>
 void weighted_rows(const T* weights, std::size_t weight_stride, std::size_t rows, std::size_t n, const T* values,
                    std::size_t value_stride, std::size_t dv, T* acc, std::size_t acc_stride) noexcept {
-  switch (rows) {
-#define ROPE_WEIGHTED_ROWS(R) \
-  case R:                     \
-    return detail::weighted_block<R, T, Arch>(weights, weight_stride, n, values, value_stride, dv, acc, acc_stride);
-    ROPE_WEIGHTED_ROWS(1)
-    ROPE_WEIGHTED_ROWS(2)
-    ROPE_WEIGHTED_ROWS(3)
-    ROPE_WEIGHTED_ROWS(4)
-    ROPE_WEIGHTED_ROWS(5)
-    ROPE_WEIGHTED_ROWS(6)
-    ROPE_WEIGHTED_ROWS(7)
-    ROPE_WEIGHTED_ROWS(8)
-#undef ROPE_WEIGHTED_ROWS
-    default:
-      for (std::size_t j = 0; j < n; ++j) {
-        detail::axpy_rows<T, Arch>(weights + j, weight_stride, rows, values + j * value_stride, dv, acc, acc_stride);
-      }
-  }
+  detail::for_row_groups<8>(rows, [&](auto group, std::size_t r) {
+    detail::weighted_block<decltype(group)::value, T, Arch>(weights + r * weight_stride, weight_stride, n, values,
+                                                            value_stride, dv, acc + r * acc_stride, acc_stride);
+  });
 }
 
 // The sum of squares of n floats in the order attention/append.hpp

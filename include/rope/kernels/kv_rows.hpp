@@ -157,29 +157,6 @@ constexpr std::size_t kv_max_rows() noexcept {
   return fit >= 8 ? 8 : fit >= 4 ? 4 : fit >= 2 ? 2 : 1;
 }
 
-// Calls block<R>(r) for consecutive groups of rows covering 0 .. rows-1,
-// each group the largest power of two <= Max that fits what is left.
-template <std::size_t Max, class Block>
-void for_row_groups(std::size_t rows, Block&& block) noexcept {
-  std::size_t r = 0;
-  while (r < rows) {
-    const std::size_t left = rows - r;
-    if (Max >= 8 && left >= 8) {
-      block(std::integral_constant<std::size_t, (Max >= 8 ? 8 : 1)>{}, r);
-      r += 8;
-    } else if (Max >= 4 && left >= 4) {
-      block(std::integral_constant<std::size_t, (Max >= 4 ? 4 : 1)>{}, r);
-      r += 4;
-    } else if (Max >= 2 && left >= 2) {
-      block(std::integral_constant<std::size_t, (Max >= 2 ? 2 : 1)>{}, r);
-      r += 2;
-    } else {
-      block(std::integral_constant<std::size_t, 1>{}, r);
-      r += 1;
-    }
-  }
-}
-
 template <std::size_t R, class E, class Arch>
 void dot_kv_group(const float* q, std::size_t q_stride, std::size_t d, const E* key, float* scores,
                   std::size_t score_stride, float scale) noexcept {
