@@ -65,7 +65,7 @@ void apply_qk_positions(const View<const T>& q_in, const View<const T>& k_in, co
                         const View<T>& k_out, const Table<U>& table, Style style, const Positions& positions,
                         const Options& options, bool in_place) {
   const char* fn = "rope::apply_qk";
-  if (k_in.tokens != q_in.tokens) fail(fn, "k.tokens", "q.tokens = " + to_text(q_in.tokens), k_in.tokens);
+  if (k_in.tokens != q_in.tokens) fail(fn, "k.tokens", {"q.tokens = ", q_in.tokens}, k_in.tokens);
   check_grouped_heads(fn, "k.heads", k_in.heads, "q.heads", q_in.heads);
   const Pass<T> passes[2] = {{q_in, q_out}, {k_in, k_out}};
   static const char* const kIn[2] = {"q", "k"};

@@ -133,10 +133,7 @@ using Scaling = std::variant<scaling::None, scaling::Linear, scaling::Ntk, scali
 
 namespace detail {
 
-[[noreturn]] inline void invalid(const std::string& field, const std::string& requirement, double value) {
-  fail("rope::frequencies", field, requirement, value);
-}
-[[noreturn]] inline void invalid(const std::string& field, const std::string& requirement, std::size_t value) {
+[[noreturn]] inline void invalid(const Piece& field, const Piece& requirement, const Piece& value) {
   fail("rope::frequencies", field, requirement, value);
 }
 
@@ -162,10 +159,10 @@ inline void check_positive(const char* field, std::size_t v) {
 
 inline void check_factors(const char* field, const std::vector<double>& f, std::size_t rotary_dim) {
   if (f.size() != rotary_dim / 2) {
-    invalid(std::string(field) + ".size()", "rotary_dim/2 = " + to_text(rotary_dim / 2), f.size());
+    fail("rope::frequencies", {field, ".size()"}, {"rotary_dim/2 = ", rotary_dim / 2}, f.size());
   }
   for (std::size_t i = 0; i < f.size(); ++i) {
-    if (!(f[i] > 0.0) || !std::isfinite(f[i])) invalid(indexed(field, i), "finite and > 0", f[i]);
+    if (!(f[i] > 0.0) || !std::isfinite(f[i])) fail("rope::frequencies", {field, "[", i, "]"}, "finite and > 0", f[i]);
   }
 }
 
@@ -190,8 +187,7 @@ inline std::vector<double> round_once(const std::vector<long double>& v, const c
   for (std::size_t p = 0; p < out.size(); ++p) {
     if (!std::isfinite(out[p])) {
       fail("rope::frequencies", divisor_field ? divisor_field : "scaling",
-           "large enough to keep every inv_freq finite (inv_freq[" + to_text(p) + "] = " + to_text(out[p]) + ")",
-           divisor);
+           {"large enough to keep every inv_freq finite (inv_freq[", p, "] = ", out[p], ")"}, divisor);
     }
   }
   return out;
@@ -220,7 +216,7 @@ inline Frequencies scale(const scaling::Linear& s, const Schedule& c) {
 // NTK stretches the base by a power r/(r-2), which needs r > 2.
 inline Frequencies ntk_base(const char* variant, std::size_t rotary_dim, long double base, long double stretch) {
   if (rotary_dim <= 2) {
-    invalid(std::string("rotary_dim (with ") + variant + ")", "> 2 (the exponent is r/(r-2))", rotary_dim);
+    fail("rope::frequencies", {"rotary_dim (with ", variant, ")"}, "> 2 (the exponent is r/(r-2))", rotary_dim);
   }
   const long double r = static_cast<long double>(rotary_dim);
   const long double scaled = base * std::pow(stretch, r / (r - 2.0L));
@@ -371,15 +367,26 @@ inline Frequencies scale(const scaling::Proportional& s, const Schedule& c) {
 
 inline Frequencies scale(const scaling::Custom& s, const Schedule& c) {
   if (s.inv_freq.size() != c.rotary_dim / 2) {
-    invalid("scaling::Custom::inv_freq.size()", "rotary_dim/2 = " + to_text(c.rotary_dim / 2), s.inv_freq.size());
+    fail("rope::frequencies", "scaling::Custom::inv_freq.size()", {"rotary_dim/2 = ", c.rotary_dim / 2},
+         s.inv_freq.size());
   }
   for (std::size_t i = 0; i < s.inv_freq.size(); ++i) {
     if (!(s.inv_freq[i] >= 0.0) || !std::isfinite(s.inv_freq[i])) {
-      invalid(indexed("scaling::Custom::inv_freq", i), "finite and >= 0", s.inv_freq[i]);
+      fail("rope::frequencies", {"scaling::Custom::inv_freq[", i, "]"}, "finite and >= 0", s.inv_freq[i]);
     }
   }
   check_positive("scaling::Custom::attention_factor", s.attention_factor);
   return Frequencies{s.inv_freq, s.attention_factor};
+}
+
+// The variant's own scale(): by index rather than std::visit, whose
+// machinery every includer of this header would otherwise compile.
+template <std::size_t I = 0>
+Frequencies scale_any(const Scaling& scaling, const Schedule& c) {
+  if constexpr (I + 1 < std::variant_size<Scaling>::value) {
+    if (scaling.index() != I) return scale_any<I + 1>(scaling, c);
+  }
+  return scale(*std::get_if<I>(&scaling), c);
 }
 
 }  // namespace detail
@@ -395,7 +402,7 @@ inline Frequencies frequencies(std::size_t rotary_dim, double base = 10000.0, co
   detail::check_rotary_dim(rotary_dim);
   detail::check_base(base);
   const detail::Schedule schedule{rotary_dim, base, seq_len};
-  return std::visit([&](const auto& variant) { return detail::scale(variant, schedule); }, scaling);
+  return detail::scale_any(scaling, schedule);
 }
 
 // Frequencies for 2-D axial RoPE (image patches, rope/multi_axis.hpp): the

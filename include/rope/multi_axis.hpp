@@ -43,9 +43,9 @@ inline std::string axis_name(std::size_t a, std::size_t axes) {
 inline void check_pair_axes(const char* fn, const PairAxes& pa, std::size_t pairs, const char* name = "pair_axes.") {
   const auto member = [name](const char* m) { return std::string(name) + m; };
   if (pa.axes == 0 || pa.axes > 256) fail(fn, member("axes"), "in [1, 256]", pa.axes);
-  if (pa.axis.size() != pairs) fail(fn, member("axis.size()"), "rotary_dim/2 = " + to_text(pairs), pa.axis.size());
+  if (pa.axis.size() != pairs) fail(fn, member("axis.size()"), {"rotary_dim/2 = ", pairs}, pa.axis.size());
   for (std::size_t p = 0; p < pairs; ++p) {
-    if (pa.axis[p] >= pa.axes) fail(fn, indexed(member("axis"), p), "< axes = " + to_text(pa.axes), pa.axis[p]);
+    if (pa.axis[p] >= pa.axes) fail(fn, {member("axis"), "[", p, "]"}, {"< axes = ", pa.axes}, pa.axis[p]);
   }
 }
 

@@ -56,7 +56,7 @@ inline std::vector<std::uint8_t> mrope_axes(const char* fn, const MropeSections&
   const auto& s = sections.pairs;
   const std::string listed = "(" + to_text(s[0]) + ", " + to_text(s[1]) + ", " + to_text(s[2]) + ")";
   if (s[0] + s[1] + s[2] != pairs) {
-    fail(fn, "the sum of sections.pairs " + listed, "rotary_dim/2 = " + to_text(pairs), s[0] + s[1] + s[2]);
+    fail(fn, "the sum of sections.pairs " + listed, {"rotary_dim/2 = ", pairs}, s[0] + s[1] + s[2]);
   }
   std::vector<std::uint8_t> axis(pairs, 0);
   std::array<std::size_t, 3> counted{};
@@ -71,8 +71,7 @@ inline std::vector<std::uint8_t> mrope_axes(const char* fn, const MropeSections&
     ++counted[axis[p]];
   }
   if (counted != s) {
-    fail(fn, "sections.pairs", "interleavable over " + to_text(pairs) + " pairs (p % 3 == axis, p / 3 < section)",
-         listed);
+    fail(fn, "sections.pairs", {"interleavable over ", pairs, " pairs (p % 3 == axis, p / 3 < section)"}, listed);
   }
   return axis;
 }
@@ -86,7 +85,7 @@ inline PairAxes PairAxes::sections(const MropeSections& s, std::size_t pairs) {
 inline PairAxes PairAxes::hw_alternating(std::size_t hw_pairs, std::size_t pairs) {
   const char* fn = "rope::PairAxes::hw_alternating";
   if (hw_pairs % 2 != 0 || hw_pairs > pairs) {
-    detail::fail(fn, "hw_pairs", "even and <= pairs = " + detail::to_text(pairs), hw_pairs);
+    detail::fail(fn, "hw_pairs", {"even and <= pairs = ", pairs}, hw_pairs);
   }
   PairAxes out{std::vector<std::uint8_t>(pairs, 0), 3};
   for (std::size_t p = 0; p < hw_pairs; ++p) out.axis[p] = p % 2 == 0 ? 1 : 2;

@@ -31,7 +31,7 @@ void permute_rows(const char* fn, T* weight, std::size_t heads, std::size_t head
   if (in_features == 0) fail(fn, "in_features", "at least 1", in_features);
   const std::size_t r = rotary_dim == 0 ? head_dim : rotary_dim;
   if (r % 2 != 0) fail(fn, "rotary_dim", "even", r);
-  if (r > head_dim) fail(fn, "rotary_dim", "<= head_dim " + to_text(head_dim), r);
+  if (r > head_dim) fail(fn, "rotary_dim", {"<= head_dim ", head_dim}, r);
   std::vector<T> old(r * in_features);
   for (std::size_t h = 0; h < heads; ++h) {
     T* head = weight + h * head_dim * in_features;

@@ -70,10 +70,10 @@ class Table {
       : pairs_(freqs.inv_freq.size()), positions_(positions), attention_factor_(freqs.attention_factor) {
     if (pairs_ == 0) detail::fail("rope::Table", "freqs.inv_freq", "non-empty", "empty");
     if (positions > data_.max_size() / (2 * pairs_)) {
-      detail::fail("rope::Table", "positions",
-                   "at most " + detail::to_text(data_.max_size() / (2 * pairs_)) + " (rows of " +
-                       detail::to_text(2 * pairs_) + " values must fit in memory)",
-                   positions);
+      detail::fail(
+          "rope::Table", "positions",
+          {"at most ", data_.max_size() / (2 * pairs_), " (rows of ", 2 * pairs_, " values must fit in memory)"},
+          positions);
     }
     data_.resize(positions * 2 * pairs_);
     for (std::size_t m = 0; m < positions; ++m) {

@@ -94,7 +94,7 @@ std::size_t first_allowed() {
     for (std::size_t i = 0; i < std::size(kTargets); ++i) {
       if (std::string(value) == kTargets[i].loops->arch) return i;
     }
-    detail::fail("rope::dispatch", std::string("the environment variable ") + kMaxIsa,
+    detail::fail("rope::dispatch", {"the environment variable ", kMaxIsa},
                  "unset, empty or one of the instruction sets built in (" + joined(compiled()) + ")",
                  std::string(value));
   }();

@@ -369,8 +369,7 @@ template <class In, class E>
 void check_writes(const char* fn, const View<const In>& k, const View<const In>& v, const std::int64_t* slots,
                   const PagedCache<E>& cache, const char* k_name, const char* v_name) {
   check_cache(fn, cache);
-  if (v.tokens != k.tokens)
-    fail(fn, field(v_name, "tokens"), field(k_name, "tokens") + " = " + to_text(k.tokens), v.tokens);
+  if (v.tokens != k.tokens) fail(fn, {v_name, ".tokens"}, {k_name, ".tokens = ", k.tokens}, v.tokens);
   check_slots(fn, "slots", slots, k.tokens, cache.k.slots());
   check_new_rows(fn, k_name, k, "cache.k", cache.k, slots);
   check_new_rows(fn, v_name, v, "cache.v", cache.v, slots);
@@ -383,11 +382,11 @@ inline Norm norm_of(const char* fn, const char* name, const NormWeights& w, std:
                     const AppendOptions& o) {
   Norm n;
   if (w.data == nullptr) {
-    if (w.size != 0) fail(fn, std::string(name) + ".data", "non-null for " + to_text(w.size) + " weights", nullptr);
+    if (w.size != 0) fail(fn, {name, ".data"}, {"non-null for ", w.size, " weights"}, nullptr);
     return n;
   }
   if (w.size != expected) {
-    fail(fn, std::string(name) + ".size",
+    fail(fn, {name, ".size"},
          to_text(expected) + (o.whole_projection ? " (heads * head_dim: options.whole_projection)" : " (head_dim)"),
          w.size);
   }
@@ -509,15 +508,14 @@ void norm_rope_append(const View<InV>& q_view, const View<InV>& k_view, const Vi
   rope::detail::check_view(fn, "q", q);
   rope::detail::check_view(fn, "q_out", q_out);
   detail::check_writes(fn, k, v, slots, cache, "k", "v");
-  if (k.tokens != q.tokens) detail::fail(fn, "k.tokens", "q.tokens = " + detail::to_text(q.tokens), k.tokens);
+  if (k.tokens != q.tokens) detail::fail(fn, "k.tokens", {"q.tokens = ", q.tokens}, k.tokens);
   if (k.head_dim != q.head_dim) {
-    detail::fail(fn, "k.head_dim", "q.head_dim = " + detail::to_text(q.head_dim), k.head_dim);
+    detail::fail(fn, "k.head_dim", {"q.head_dim = ", q.head_dim}, k.head_dim);
   }
-  if (q_out.tokens != q.tokens)
-    detail::fail(fn, "q_out.tokens", "q.tokens = " + detail::to_text(q.tokens), q_out.tokens);
-  if (q_out.heads != q.heads) detail::fail(fn, "q_out.heads", "q.heads = " + detail::to_text(q.heads), q_out.heads);
+  if (q_out.tokens != q.tokens) detail::fail(fn, "q_out.tokens", {"q.tokens = ", q.tokens}, q_out.tokens);
+  if (q_out.heads != q.heads) detail::fail(fn, "q_out.heads", {"q.heads = ", q.heads}, q_out.heads);
   if (q_out.head_dim != q.head_dim) {
-    detail::fail(fn, "q_out.head_dim", "q.head_dim = " + detail::to_text(q.head_dim), q_out.head_dim);
+    detail::fail(fn, "q_out.head_dim", {"q.head_dim = ", q.head_dim}, q_out.head_dim);
   }
   const bool q_in_place = std::is_same<In, QO>::value && static_cast<const void*>(q_out.data) == q.data &&
                           q_out.token_stride == q.token_stride && q_out.head_stride == q.head_stride;

@@ -152,39 +152,35 @@ void check_batch(const char* fn, const Batch& batch, std::size_t q_tokens, const
   marks.assign(cache.k.pages, -1);
   for (std::size_t b = 0; b < batch.sequences; ++b) {
     if (batch.q_starts[b + 1] < batch.q_starts[b]) {
-      fail(fn, indexed("batch.q_starts", b + 1),
-           ">= batch.q_starts[" + to_text(b) + "] = " + to_text(batch.q_starts[b]) + " (starts never decrease)",
-           batch.q_starts[b + 1]);
+      fail(fn, {"batch.q_starts[", b + 1, "]"},
+           {">= batch.q_starts[", b, "] = ", batch.q_starts[b], " (starts never decrease)"}, batch.q_starts[b + 1]);
     }
     const std::int64_t n = new_tokens(batch, b), len = batch.lengths[b];
     if (len < n) {
-      fail(fn, indexed("batch.lengths", b),
-           ">= its new tokens " + to_text(n) + " (the cache holds the new tokens' keys)", len);
+      fail(fn, {"batch.lengths[", b, "]"}, {">= its new tokens ", n, " (the cache holds the new tokens' keys)"}, len);
     }
     const std::uint64_t capacity = static_cast<std::uint64_t>(batch.block_table_stride) * ps;
     if (static_cast<std::uint64_t>(len) > capacity) {
-      fail(fn, indexed("batch.lengths", b),
-           "<= its pages' slots " + to_text(capacity) + " (batch.block_table_stride * page_size)", len);
+      fail(fn, {"batch.lengths[", b, "]"},
+           {"<= its pages' slots ", capacity, " (batch.block_table_stride * page_size)"}, len);
     }
     const std::size_t pages = (static_cast<std::size_t>(len) + ps - 1) / ps;
     const std::int32_t* row = batch.block_table + b * batch.block_table_stride;
     for (std::size_t i = 0; i < pages; ++i) {
       if (row[i] < 0 || static_cast<std::size_t>(row[i]) >= cache.k.pages) {
-        fail(fn, "batch.block_table[" + to_text(b) + "][" + to_text(i) + "]",
-             "a page id below cache.k.pages = " + to_text(cache.k.pages), row[i]);
+        fail(fn, {"batch.block_table[", b, "][", i, "]"}, {"a page id below cache.k.pages = ", cache.k.pages}, row[i]);
       }
       // A page twice in one sequence would hold two of its keys in one slot.
       std::int32_t& mark = marks[static_cast<std::size_t>(row[i])];
       if (mark == static_cast<std::int32_t>(b)) {
-        fail(fn, "batch.block_table[" + to_text(b) + "][" + to_text(i) + "]",
-             "a page this sequence does not already list", row[i]);
+        fail(fn, {"batch.block_table[", b, "][", i, "]"}, "a page this sequence does not already list", row[i]);
       }
       mark = static_cast<std::int32_t>(b);
     }
   }
   const std::int64_t last = batch.q_starts[batch.sequences];
   if (last < 0 || static_cast<std::uint64_t>(last) != q_tokens) {
-    fail(fn, indexed("batch.q_starts", batch.sequences), "q.tokens = " + to_text(q_tokens), last);
+    fail(fn, {"batch.q_starts[", batch.sequences, "]"}, {"q.tokens = ", q_tokens}, last);
   }
 }
 
@@ -196,12 +192,12 @@ BatchPlan check_batch_call(const char* fn, const View<const Q>& q, const PagedCa
   rope::detail::check_view(fn, "out", out);
   rope::detail::check_grouped_heads(fn, "cache.k.heads", cache.k.heads, "q.heads", q.heads);
   if (q.head_dim != cache.k.head_dim) {
-    fail(fn, "q.head_dim", "cache.k.head_dim = " + to_text(cache.k.head_dim), q.head_dim);
+    fail(fn, "q.head_dim", {"cache.k.head_dim = ", cache.k.head_dim}, q.head_dim);
   }
-  if (out.tokens != q.tokens) fail(fn, "out.tokens", "q.tokens = " + to_text(q.tokens), out.tokens);
-  if (out.heads != q.heads) fail(fn, "out.heads", "q.heads = " + to_text(q.heads), out.heads);
+  if (out.tokens != q.tokens) fail(fn, "out.tokens", {"q.tokens = ", q.tokens}, out.tokens);
+  if (out.heads != q.heads) fail(fn, "out.heads", {"q.heads = ", q.heads}, out.heads);
   if (out.head_dim != cache.v.head_dim) {
-    fail(fn, "out.head_dim", "cache.v.head_dim = " + to_text(cache.v.head_dim), out.head_dim);
+    fail(fn, "out.head_dim", {"cache.v.head_dim = ", cache.v.head_dim}, out.head_dim);
   }
   rope::detail::check_disjoint(fn, "out", out, "q", q);
   check_apart(fn, "out", out, "cache.k", cache.k);
@@ -236,12 +232,12 @@ BatchPlan check_batch_call(const char* fn, const View<const Q>& q, const PagedCa
   }
   if (!o.sinks.empty()) {
     if (o.sinks.size() != q.heads) {
-      fail(fn, "options.sinks.size()", "0 or the query heads " + to_text(q.heads), o.sinks.size());
+      fail(fn, "options.sinks.size()", {"0 or the query heads ", q.heads}, o.sinks.size());
     }
     const float neg_inf = -std::numeric_limits<float>::infinity();
     for (std::size_t h = 0; h < q.heads; ++h) {
       const float sink = static_cast<float>(o.sinks[h]);
-      if (!std::isfinite(sink) && sink != neg_inf) fail(fn, indexed("options.sinks", h), "finite or -inf", o.sinks[h]);
+      if (!std::isfinite(sink) && sink != neg_inf) fail(fn, {"options.sinks[", h, "]"}, "finite or -inf", o.sinks[h]);
     }
     plan.sinks = o.sinks.data();
   }
@@ -251,9 +247,8 @@ BatchPlan check_batch_call(const char* fn, const View<const Q>& q, const PagedCa
     for (std::size_t b = 0; b < batch.sequences; ++b) {
       const std::int64_t last = batch.lengths[b] - 1;
       if (new_tokens(batch, b) > 0 && static_cast<std::uint64_t>(last) >= rows) {
-        fail(fn, indexed("batch.lengths", b),
-             "<= options.rotation.table->positions() = " + to_text(rows) + " (its last token's position + 1)",
-             batch.lengths[b]);
+        fail(fn, {"batch.lengths[", b, "]"},
+             {"<= options.rotation.table->positions() = ", rows, " (its last token's position + 1)"}, batch.lengths[b]);
       }
     }
   }
@@ -522,10 +517,8 @@ void softmax_batch_step(const View<QV>& q_view, const View<QV>& k_view, const Vi
   BatchWorkspace local;
   BatchWorkspace& ws = workspace != nullptr ? *workspace : local;
   const detail::BatchPlan plan = detail::check_batch_call(fn, q, cache, batch, out, options, ws);
-  if (k_new.tokens != q.tokens)
-    detail::fail(fn, "k_new.tokens", "q.tokens = " + detail::to_text(q.tokens), k_new.tokens);
-  if (v_new.tokens != q.tokens)
-    detail::fail(fn, "v_new.tokens", "q.tokens = " + detail::to_text(q.tokens), v_new.tokens);
+  if (k_new.tokens != q.tokens) detail::fail(fn, "k_new.tokens", {"q.tokens = ", q.tokens}, k_new.tokens);
+  if (v_new.tokens != q.tokens) detail::fail(fn, "v_new.tokens", {"q.tokens = ", q.tokens}, v_new.tokens);
   // Who reads each page: a sequence id, or -2 for two or more.
   const std::size_t ps = cache.k.page_size;
   ws.owners.assign(cache.k.pages, -1);
@@ -549,10 +542,8 @@ void softmax_batch_step(const View<QV>& q_view, const View<QV>& k_view, const Vi
       const std::size_t p = static_cast<std::size_t>(len - n + i);
       const std::int32_t page = row[p / ps];
       if (ws.owners[static_cast<std::size_t>(page)] != static_cast<std::int32_t>(b)) {
-        detail::fail(
-            fn, "batch.block_table[" + detail::to_text(b) + "][" + detail::to_text(p / ps) + "]",
-            "a page no other sequence of the batch reads (new token " + detail::to_text(t) + " is written there)",
-            page);
+        detail::fail(fn, {"batch.block_table[", b, "][", p / ps, "]"},
+                     {"a page no other sequence of the batch reads (new token ", t, " is written there)"}, page);
       }
       slots[t] = static_cast<std::int64_t>(static_cast<std::size_t>(page) * ps + p % ps);
       positions[t] = static_cast<std::int64_t>(p);

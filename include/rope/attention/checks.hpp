@@ -19,7 +19,7 @@ namespace rope::attention::detail {
 
 inline void check_size(const char* fn, const char* name, const std::vector<std::int64_t>& v, std::size_t rows) {
   if (!v.empty() && v.size() != rows) {
-    fail(fn, std::string(name) + ".size()", "0 or the number of rows " + to_text(rows), v.size());
+    fail(fn, {name, ".size()"}, {"0 or the number of rows ", rows}, v.size());
   }
 }
 
@@ -28,10 +28,10 @@ inline void check_size(const char* fn, const char* name, const std::vector<std::
 inline void check_sequences(const char* fn, const std::vector<std::int64_t>& q_sequence, std::size_t lq,
                             const std::vector<std::int64_t>& k_sequence, std::size_t lk) {
   if (q_sequence.empty() && lq > 0 && !k_sequence.empty()) {
-    fail(fn, "options.q_sequence.size()", "q's rows " + to_text(lq) + " when options.k_sequence is given", 0);
+    fail(fn, "options.q_sequence.size()", {"q's rows ", lq, " when options.k_sequence is given"}, 0);
   }
   if (k_sequence.empty() && lk > 0 && !q_sequence.empty()) {
-    fail(fn, "options.k_sequence.size()", "k's rows " + to_text(lk) + " when options.q_sequence is given", 0);
+    fail(fn, "options.k_sequence.size()", {"k's rows ", lk, " when options.q_sequence is given"}, 0);
   }
 }
 
@@ -62,7 +62,7 @@ std::size_t rotary_width(const char* fn, const char* name, const Rotation<T>& ro
   if (rotation.table == nullptr) return 0;
   const std::string field = std::string(name) + ".rotary_dim";
   const std::size_t r = rope::detail::rotary_width(fn, field, rotation.rotary_dim, rotation.table->rotary_dim());
-  if (r > head_dim) fail(fn, field, "<= the head dimension " + to_text(head_dim), r);
+  if (r > head_dim) fail(fn, field, {"<= the head dimension ", head_dim}, r);
   return r;
 }
 
@@ -93,13 +93,13 @@ void check_heads(const char* fn, const View<const T>& q, const View<const T>& k,
   check_view(fn, "out", out);
   rope::detail::check_grouped_heads(fn, field(k_name, "heads").c_str(), k.heads, "q.heads", q.heads);
   const std::string k_heads = field(k_name, "heads"), k_tokens = field(k_name, "tokens");
-  if (v.heads != k.heads) fail(fn, field(v_name, "heads"), k_heads + " = " + to_text(k.heads), v.heads);
-  if (v.tokens != k.tokens) fail(fn, field(v_name, "tokens"), k_tokens + " = " + to_text(k.tokens), v.tokens);
-  if (k.head_dim != q.head_dim) fail(fn, field(k_name, "head_dim"), "q.head_dim = " + to_text(q.head_dim), k.head_dim);
-  if (out.tokens != q.tokens) fail(fn, "out.tokens", "q.tokens = " + to_text(q.tokens), out.tokens);
-  if (out.heads != q.heads) fail(fn, "out.heads", "q.heads = " + to_text(q.heads), out.heads);
+  if (v.heads != k.heads) fail(fn, {v_name, ".heads"}, {k_heads, " = ", k.heads}, v.heads);
+  if (v.tokens != k.tokens) fail(fn, {v_name, ".tokens"}, {k_tokens, " = ", k.tokens}, v.tokens);
+  if (k.head_dim != q.head_dim) fail(fn, {k_name, ".head_dim"}, {"q.head_dim = ", q.head_dim}, k.head_dim);
+  if (out.tokens != q.tokens) fail(fn, "out.tokens", {"q.tokens = ", q.tokens}, out.tokens);
+  if (out.heads != q.heads) fail(fn, "out.heads", {"q.heads = ", q.heads}, out.heads);
   if (out.head_dim != v.head_dim) {
-    fail(fn, "out.head_dim", field(v_name, "head_dim") + " = " + to_text(v.head_dim), out.head_dim);
+    fail(fn, "out.head_dim", {v_name, ".head_dim = ", v.head_dim}, out.head_dim);
   }
   check_disjoint(fn, "out", out, "q", q);
   check_disjoint(fn, "out", out, k_name, k);

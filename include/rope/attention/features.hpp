@@ -247,8 +247,7 @@ class FavorFeatures {
   template <class T>
   void check_input(const char* fn, const ConstRef<T>& x) const {
     detail::check_scalar<T>();
-    if (static_cast<std::size_t>(x.cols()) != d_)
-      detail::fail(fn, "x.cols()", "head_dim = " + detail::to_text(d_), x.cols());
+    if (static_cast<std::size_t>(x.cols()) != d_) detail::fail(fn, "x.cols()", {"head_dim = ", d_}, x.cols());
   }
 
   template <class T>

@@ -380,7 +380,7 @@ FeatureMap<T> check_feature_map(const char* fn, const FavorFeatures* phi, std::s
   FeatureMap<T> map;
   map.phi = phi;
   if (phi != nullptr && input_dim != phi->head_dim()) {
-    fail(fn, "the head dimension of q and k", "the feature map's head_dim " + to_text(phi->head_dim()), input_dim);
+    fail(fn, "the head dimension of q and k", {"the feature map's head_dim ", phi->head_dim()}, input_dim);
   }
   const std::size_t m = map.features(input_dim);
   if (m == 0) fail(fn, "the feature dimension m", "at least 1", m);
@@ -393,7 +393,7 @@ FeatureMap<T> check_feature_map(const char* fn, const FavorFeatures* phi, std::s
     const std::size_t r = rotary_width(fn, "feature_rotation", *feature_rotation, m);
     if (r != m) {
       fail(fn, "feature_rotation.rotary_dim",
-           "the feature dimension m = " + to_text(m) + " (build its table with rope::frequencies(m, base))", r);
+           {"the feature dimension m = ", m, " (build its table with rope::frequencies(m, base))"}, r);
     }
     check_rotation_positions(fn, feature_rotation->table, o, lq, lk, true);
     map.feature_rotation = *feature_rotation;
@@ -414,20 +414,19 @@ void check_states(const char* fn, const std::vector<LinearState<T>>& states, std
     fail(fn, "states", "null with sequence ids (one state per key/value head, not per sequence)", "a state vector");
   }
   if (!states.empty() && states.size() != kv_heads) {
-    fail(fn, "states->size()", "0 or k.heads = " + to_text(kv_heads), states.size());
+    fail(fn, "states->size()", {"0 or k.heads = ", kv_heads}, states.size());
   }
   for (std::size_t g = 0; g < states.size(); ++g) {
     const LinearState<T>& s = states[g];
     const std::string name = indexed("states", g);
     if (s.features() != plan.features) {
-      fail(fn, name + ".features()", "the feature dimension " + to_text(plan.features), s.features());
+      fail(fn, name + ".features()", {"the feature dimension ", plan.features}, s.features());
     }
-    if (s.value_dim() != dv) fail(fn, name + ".value_dim()", "v.head_dim = " + to_text(dv), s.value_dim());
+    if (s.value_dim() != dv) fail(fn, name + ".value_dim()", {"v.head_dim = ", dv}, s.value_dim());
     for (std::size_t i = 0; i < lq; ++i) {
       if (plan.visibility.q_position(i) < s.last_position()) {
-        fail(fn, "the position of query token " + to_text(i),
-             ">= the last key position in " + name + " (" + to_text(s.last_position()) + ")",
-             plan.visibility.q_position(i));
+        fail(fn, {"the position of query token ", i},
+             {">= the last key position in ", name, " (", s.last_position(), ")"}, plan.visibility.q_position(i));
       }
     }
   }
@@ -518,8 +517,8 @@ template <class T>
 Matrix<T> linear_matrices(const char* fn, const ConstRef<T>& q, const ConstRef<T>& k, const ConstRef<T>& v,
                           const FavorFeatures* phi, const Rotation<T>& pre_phi, const Rotation<T>* feature_rotation,
                           const LinearOptions& o) {
-  if (k.cols() != q.cols()) fail(fn, "k.cols()", "q.cols() = " + to_text(q.cols()), k.cols());
-  if (v.rows() != k.rows()) fail(fn, "v.rows()", "k.rows() = " + to_text(k.rows()), v.rows());
+  if (k.cols() != q.cols()) fail(fn, "k.cols()", {"q.cols() = ", q.cols()}, k.cols());
+  if (v.rows() != k.rows()) fail(fn, "v.rows()", {"k.rows() = ", k.rows()}, v.rows());
   if (v.cols() == 0) fail(fn, "v.cols()", "at least 1", v.cols());
   const auto lq = static_cast<std::size_t>(q.rows()), lk = static_cast<std::size_t>(k.rows());
   check_linear_options(fn, o, lq, lk);

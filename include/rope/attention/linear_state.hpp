@@ -135,7 +135,7 @@ class LinearState {
 
  private:
   static void check_length(const char* fn, const char* name, Eigen::Index got, Eigen::Index want) {
-    if (got != want) detail::fail(fn, std::string(name) + ".size()", detail::to_text(want), got);
+    if (got != want) detail::fail(fn, {name, ".size()"}, detail::to_text(want), got);
   }
   void rescale(T c_new) {
     const T carried = std::exp(log_offset_ - c_new);

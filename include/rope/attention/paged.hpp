@@ -107,24 +107,24 @@ std::size_t pool_span(const PagePool<E>& p) noexcept {
 // scales set exactly when E is int8.
 template <class E>
 void check_pool(const char* fn, const char* name, const PagePool<E>& p) {
-  if (p.pages == 0) fail(fn, field(name, "pages"), "at least 1", p.pages);
-  if (p.page_size == 0) fail(fn, field(name, "page_size"), "at least 1", p.page_size);
-  if (p.heads == 0) fail(fn, field(name, "heads"), "at least 1", p.heads);
+  if (p.pages == 0) fail(fn, {name, ".pages"}, "at least 1", p.pages);
+  if (p.page_size == 0) fail(fn, {name, ".page_size"}, "at least 1", p.page_size);
+  if (p.heads == 0) fail(fn, {name, ".heads"}, "at least 1", p.heads);
   rope::detail::check_view(fn, name, p.page(0));
   const std::size_t span = (p.page_size - 1) * p.token_stride + (p.heads - 1) * p.head_stride + p.head_dim;
   if (p.pages > 1) {
     if (p.page_stride < span) {
-      fail(fn, field(name, "page_stride"), ">= " + to_text(span) + " (pages would overlap)", p.page_stride);
+      fail(fn, {name, ".page_stride"}, {">= ", span, " (pages would overlap)"}, p.page_stride);
     }
     if (rope::detail::product_above(p.page_stride, p.pages, rope::detail::kMaxViewBytes / sizeof(E))) {
-      fail(fn, field(name, "page_stride"), "small enough to stay inside the address range", p.page_stride);
+      fail(fn, {name, ".page_stride"}, "small enough to stay inside the address range", p.page_stride);
     }
   }
   if (KvElement<E>::kScaled && p.scales == nullptr) {
-    fail(fn, field(name, "scales"), "non-null for an int8 pool (one scale per slot and head)", nullptr);
+    fail(fn, {name, ".scales"}, "non-null for an int8 pool (one scale per slot and head)", nullptr);
   }
   if (!KvElement<E>::kScaled && p.scales != nullptr) {
-    fail(fn, field(name, "scales"), "null: only an int8 pool has scales", "set");
+    fail(fn, {name, ".scales"}, "null: only an int8 pool has scales", "set");
   }
 }
 
@@ -132,11 +132,11 @@ template <class E>
 void check_cache(const char* fn, const PagedCache<E>& c) {
   check_pool(fn, "cache.k", c.k);
   check_pool(fn, "cache.v", c.v);
-  if (c.v.pages != c.k.pages) fail(fn, "cache.v.pages", "cache.k.pages = " + to_text(c.k.pages), c.v.pages);
+  if (c.v.pages != c.k.pages) fail(fn, "cache.v.pages", {"cache.k.pages = ", c.k.pages}, c.v.pages);
   if (c.v.page_size != c.k.page_size) {
-    fail(fn, "cache.v.page_size", "cache.k.page_size = " + to_text(c.k.page_size), c.v.page_size);
+    fail(fn, "cache.v.page_size", {"cache.k.page_size = ", c.k.page_size}, c.v.page_size);
   }
-  if (c.v.heads != c.k.heads) fail(fn, "cache.v.heads", "cache.k.heads = " + to_text(c.k.heads), c.v.heads);
+  if (c.v.heads != c.k.heads) fail(fn, "cache.v.heads", {"cache.k.heads = ", c.k.heads}, c.v.heads);
 }
 
 // Whether [a, a + an) and [b, b + bn) (elements of A and B) share a byte.
@@ -159,7 +159,7 @@ void check_apart(const char* fn, const char* name, const View<T>& v, const char*
   const std::size_t span = view_span(v);
   if (bytes_overlap(v.data, span, p.data, pool_span(p)) ||
       (p.scales != nullptr && bytes_overlap(v.data, span, p.scales, p.slots() * p.heads))) {
-    fail(fn, name, std::string("memory apart from ") + pool_name, "overlapping");
+    fail(fn, name, {"memory apart from ", pool_name}, "overlapping");
   }
 }
 
@@ -171,13 +171,13 @@ template <class In, class E>
 void check_new_rows(const char* fn, const char* name, const View<const In>& x, const char* pool_name,
                     const PagePool<E>& p, const std::int64_t* slots) {
   rope::detail::check_view(fn, name, x);
-  if (x.heads != p.heads) fail(fn, field(name, "heads"), field(pool_name, "heads") + " = " + to_text(p.heads), x.heads);
+  if (x.heads != p.heads) fail(fn, {name, ".heads"}, {pool_name, ".heads = ", p.heads}, x.heads);
   if (x.head_dim != p.head_dim) {
-    fail(fn, field(name, "head_dim"), field(pool_name, "head_dim") + " = " + to_text(p.head_dim), x.head_dim);
+    fail(fn, {name, ".head_dim"}, {pool_name, ".head_dim = ", p.head_dim}, x.head_dim);
   }
   const std::size_t span = view_span(x);
   if (p.scales != nullptr && bytes_overlap(x.data, span, p.scales, p.slots() * p.heads)) {
-    fail(fn, name, field(pool_name, "scales") + " apart", "overlapping");
+    fail(fn, name, {pool_name, ".scales apart"}, "overlapping");
   }
   if (!bytes_overlap(x.data, span, p.data, pool_span(p))) return;
   bool in_place = std::is_same<In, E>::value;
@@ -188,8 +188,7 @@ void check_new_rows(const char* fn, const char* name, const View<const In>& x, c
     }
   }
   if (!in_place) {
-    fail(fn, name,
-         std::string("apart from ") + pool_name + ", or each row the row of its own slot (already in the cache)",
+    fail(fn, name, {"apart from ", pool_name, ", or each row the row of its own slot (already in the cache)"},
          "overlapping");
   }
 }
@@ -197,13 +196,13 @@ void check_new_rows(const char* fn, const char* name, const View<const In>& x, c
 // Slots: each -1 or inside the pool, no slot twice.
 inline void check_slots(const char* fn, const char* name, const std::int64_t* slots, std::size_t n,
                         std::size_t pool_slots) {
-  if (n > 0 && slots == nullptr) fail(fn, name, "non-null for " + to_text(n) + " new tokens", nullptr);
+  if (n > 0 && slots == nullptr) fail(fn, name, {"non-null for ", n, " new tokens"}, nullptr);
   std::vector<std::int64_t> seen;
   seen.reserve(n);
   for (std::size_t t = 0; t < n; ++t) {
     const std::int64_t s = slots[t];
     if (s < -1 || (s >= 0 && static_cast<std::uint64_t>(s) >= pool_slots)) {
-      fail(fn, indexed(name, t), "-1 (skip) or a slot below the pool's " + to_text(pool_slots), s);
+      fail(fn, {name, "[", t, "]"}, {"-1 (skip) or a slot below the pool's ", pool_slots}, s);
     }
     if (s >= 0) seen.push_back(s);
   }
@@ -212,7 +211,7 @@ inline void check_slots(const char* fn, const char* name, const std::int64_t* sl
   if (twice != seen.end()) {
     std::size_t first = 0;
     while (slots[first] != *twice) ++first;
-    fail(fn, indexed(name, first), "a slot no other new token writes", *twice);
+    fail(fn, {name, "[", first, "]"}, "a slot no other new token writes", *twice);
   }
 }
 

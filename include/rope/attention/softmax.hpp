@@ -64,10 +64,9 @@ Matrix<typename DQ::Scalar> softmax(const Eigen::MatrixBase<DQ>& q, const Eigen:
   detail::check_same_scalar<DQ, DV>();
   const char* fn = "rope::attention::softmax";
   const ConstRef<T> qr(q.derived()), kr(k.derived()), vr(v.derived());
-  if (kr.cols() != qr.cols())
-    detail::fail(fn, "k.cols() (the head dimension)", "q.cols() = " + detail::to_text(qr.cols()), kr.cols());
+  if (kr.cols() != qr.cols()) detail::fail(fn, "k.cols() (the head dimension)", {"q.cols() = ", qr.cols()}, kr.cols());
   if (qr.cols() == 0) detail::fail(fn, "q.cols() (the head dimension)", "at least 1", qr.cols());
-  if (vr.rows() != kr.rows()) detail::fail(fn, "v.rows()", "k.rows() = " + detail::to_text(kr.rows()), vr.rows());
+  if (vr.rows() != kr.rows()) detail::fail(fn, "v.rows()", {"k.rows() = ", kr.rows()}, vr.rows());
   const auto plan =
       detail::check_softmax<T>(fn, static_cast<std::size_t>(qr.rows()), static_cast<std::size_t>(kr.rows()),
                                static_cast<std::size_t>(qr.cols()), 1, rotation, options);
@@ -126,22 +125,21 @@ void check_step_views(const char* fn, const View<const T>& q, const View<const T
   check_view(fn, "k_new", k_new);
   check_view(fn, "v_new", v_new);
   const std::size_t n = k_new.tokens;
-  if (cache.length > cache.k.tokens)
-    fail(fn, "cache.length", "<= cache.k.tokens = " + to_text(cache.k.tokens), cache.length);
+  if (cache.length > cache.k.tokens) fail(fn, "cache.length", {"<= cache.k.tokens = ", cache.k.tokens}, cache.length);
   if (cache.v.tokens != cache.k.tokens)
-    fail(fn, "cache.v.tokens", "cache.k.tokens = " + to_text(cache.k.tokens), cache.v.tokens);
+    fail(fn, "cache.v.tokens", {"cache.k.tokens = ", cache.k.tokens}, cache.v.tokens);
   if (n > cache.k.tokens - cache.length) {
-    fail(fn, "k_new.tokens", "<= the cache's free tokens " + to_text(cache.k.tokens - cache.length), n);
+    fail(fn, "k_new.tokens", {"<= the cache's free tokens ", cache.k.tokens - cache.length}, n);
   }
-  if (q.tokens != n) fail(fn, "q.tokens", "k_new.tokens = " + to_text(n), q.tokens);
-  if (v_new.tokens != n) fail(fn, "v_new.tokens", "k_new.tokens = " + to_text(n), v_new.tokens);
-  if (k_new.heads != cache.k.heads) fail(fn, "k_new.heads", "cache.k.heads = " + to_text(cache.k.heads), k_new.heads);
-  if (v_new.heads != cache.v.heads) fail(fn, "v_new.heads", "cache.v.heads = " + to_text(cache.v.heads), v_new.heads);
+  if (q.tokens != n) fail(fn, "q.tokens", {"k_new.tokens = ", n}, q.tokens);
+  if (v_new.tokens != n) fail(fn, "v_new.tokens", {"k_new.tokens = ", n}, v_new.tokens);
+  if (k_new.heads != cache.k.heads) fail(fn, "k_new.heads", {"cache.k.heads = ", cache.k.heads}, k_new.heads);
+  if (v_new.heads != cache.v.heads) fail(fn, "v_new.heads", {"cache.v.heads = ", cache.v.heads}, v_new.heads);
   if (k_new.head_dim != cache.k.head_dim) {
-    fail(fn, "k_new.head_dim", "cache.k.head_dim = " + to_text(cache.k.head_dim), k_new.head_dim);
+    fail(fn, "k_new.head_dim", {"cache.k.head_dim = ", cache.k.head_dim}, k_new.head_dim);
   }
   if (v_new.head_dim != cache.v.head_dim) {
-    fail(fn, "v_new.head_dim", "cache.v.head_dim = " + to_text(cache.v.head_dim), v_new.head_dim);
+    fail(fn, "v_new.head_dim", {"cache.v.head_dim = ", cache.v.head_dim}, v_new.head_dim);
   }
   const std::size_t total = cache.length + n;
   check_heads(fn, q, View<const T>(cache.k.slice_tokens(0, total)), View<const T>(cache.v.slice_tokens(0, total)), out,
@@ -190,7 +188,7 @@ StepPlan<T> plan_step(const char* fn, std::size_t n, std::size_t length, std::si
     for (std::size_t t = 0; t < n && !o.k_positions.empty(); ++t) {
       const std::int64_t m = step.new_positions[t];
       if (m < 0 || static_cast<std::uint64_t>(m) >= rows) {
-        rope::detail::position_outside(fn, indexed("options.k_positions", length + t), rows, m);
+        rope::detail::position_outside(fn, {"options.k_positions[", length + t, "]"}, rows, m);
       }
     }
   }

@@ -71,12 +71,12 @@ void softmax_logits(const char* fn, std::size_t heads, const SoftmaxOptions& o, 
   }
   if (o.sinks.empty()) return;
   if (o.sinks.size() != heads) {
-    fail(fn, "options.sinks.size()", "0 or the query heads " + to_text(heads), o.sinks.size());
+    fail(fn, "options.sinks.size()", {"0 or the query heads ", heads}, o.sinks.size());
   }
   const T neg_inf = -std::numeric_limits<T>::infinity();
   for (std::size_t h = 0; h < heads; ++h) {
     const T sink = static_cast<T>(o.sinks[h]);
-    if (!std::isfinite(sink) && sink != neg_inf) fail(fn, indexed("options.sinks", h), "finite or -inf", o.sinks[h]);
+    if (!std::isfinite(sink) && sink != neg_inf) fail(fn, {"options.sinks[", h, "]"}, "finite or -inf", o.sinks[h]);
   }
   plan.sinks.assign(o.sinks.begin(), o.sinks.end());
 }

@@ -91,7 +91,7 @@ inline void read_type_list(const Reader& cfg, const char* key, std::vector<std::
   const Json& types = *cfg.find(key);
   if (!types.is_array()) cfg.bad(key, "a list of strings", types);
   for (std::size_t i = 0; i < types.size(); ++i) {
-    if (!types[i].is_string()) fail(cfg.fn(), rope::detail::indexed(cfg.path(key), i), "a string", types[i].dump());
+    if (!types[i].is_string()) fail(cfg.fn(), {cfg.path(key), "[", i, "]"}, "a string", types[i].dump());
     out.push_back(types[i].get<std::string>());
   }
 }
@@ -112,8 +112,8 @@ inline void lfm2_layer_types(Config& config, const ModelRope& model) {
   if (idxs) {
     for (std::size_t k = 0; k < idxs->size(); ++k) {
       if ((*idxs)[k] >= model.num_layers) {
-        fail(cfg.fn(), rope::detail::indexed(cfg.path("full_attn_idxs"), k),
-             "a layer index < num_hidden_layers = " + to_text(model.num_layers), (*idxs)[k]);
+        fail(cfg.fn(), {cfg.path("full_attn_idxs"), "[", k, "]"},
+             {"a layer index < num_hidden_layers = ", model.num_layers}, (*idxs)[k]);
       }
     }
   }
@@ -258,7 +258,7 @@ inline std::vector<std::size_t> rotating_layer_flags(const Config& config, Model
   }
   if (model.num_layers == 0) model.num_layers = flags.size();
   if (flags.size() != model.num_layers) {
-    fail(cfg.fn(), cfg.path("no_rope_layers"), "num_hidden_layers = " + to_text(model.num_layers) + " entries long",
+    fail(cfg.fn(), cfg.path("no_rope_layers"), {"num_hidden_layers = ", model.num_layers, " entries long"},
          Json(flags).dump());
   }
   return flags;
@@ -315,17 +315,16 @@ inline void read_kinds(const Config& config, ModelRope& model) {
   if (!types.empty()) {
     if (model.num_layers == 0) model.num_layers = types.size();
     if (types.size() != model.num_layers) {
-      fail(cfg.fn(), cfg.path("layer_types"), "num_hidden_layers = " + to_text(model.num_layers) + " entries long",
+      fail(cfg.fn(), cfg.path("layer_types"), {"num_hidden_layers = ", model.num_layers, " entries long"},
            Json(types).dump());
     }
     if (!flags.empty() && flags.size() != types.size()) {
-      fail(cfg.fn(), cfg.path("no_rope_layers"), "as long as layer_types (" + to_text(types.size()) + ")",
-           Json(flags).dump());
+      fail(cfg.fn(), cfg.path("no_rope_layers"), {"as long as layer_types (", types.size(), ")"}, Json(flags).dump());
     }
     if (const auto* known = known_layer_types(family, local_base(config))) {
       for (std::size_t i = 0; i < types.size(); ++i) {
         if (std::find(known->begin(), known->end(), types[i]) == known->end()) {
-          fail(cfg.fn(), rope::detail::indexed(cfg.path("layer_types"), i), "one of " + Json(*known).dump(),
+          fail(cfg.fn(), {cfg.path("layer_types"), "[", i, "]"}, "one of " + Json(*known).dump(),
                Json(types[i]).dump());
         }
       }

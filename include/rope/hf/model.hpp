@@ -158,7 +158,7 @@ struct ModelRope {
  private:
   void check_layer(std::size_t layer_index) const {
     if (num_layers != 0 && layer_index >= num_layers) {
-      detail::fail("rope::hf::ModelRope", "layer", "< num_layers = " + detail::to_text(num_layers), layer_index);
+      detail::fail("rope::hf::ModelRope", "layer", {"< num_layers = ", num_layers}, layer_index);
     }
   }
 };

@@ -25,7 +25,7 @@ inline std::optional<PairAxes> pair_axes(const Context& c, const Reader& entry, 
   if (s->size() != 3) fail(entry.fn(), entry.path("mrope_section"), "three numbers (t, h, w)", shown.dump());
   const std::size_t sum = (*s)[0] + (*s)[1] + (*s)[2];
   if (sum != pairs) {
-    fail(entry.fn(), entry.path("mrope_section"), "numbers summing to rotary_dim/2 = " + to_text(pairs), shown.dump());
+    fail(entry.fn(), entry.path("mrope_section"), {"numbers summing to rotary_dim/2 = ", pairs}, shown.dump());
   }
   if (c.family.ernie_vl) {
     // Sections are (h, w, t); h and w alternate over the first h + w pairs.

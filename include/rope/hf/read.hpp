@@ -159,8 +159,7 @@ inline void read_head_dims(Context& c, ModelRope& model) {
       const std::size_t derived = derived_head_dim(cfg, hidden, heads);
       if (c.head_dim != 0 && c.head_dim != derived) {
         fail(cfg.fn(), cfg.path("head_dim"),
-             "hidden_size / num_attention_heads = " + to_text(derived) + ", the head size " + c.family.type +
-                 "'s attention uses",
+             {"hidden_size / num_attention_heads = ", derived, ", the head size ", c.family.type, "'s attention uses"},
              c.head_dim);
       }
       c.head_dim = derived;
@@ -259,8 +258,8 @@ inline void require_family_keys(const Config& config) {
     const auto theta = cfg.positive("theta");
     if (!config.context.top_theta || *config.context.top_theta != *theta) {
       fail(cfg.fn(), cfg.path("theta"),
-           "absent, or equal to rope_theta (LFM2's releases read theta, or rope_theta alone)" +
-               std::string(config.context.top_theta ? ", which is " + Json(*config.context.top_theta).dump() : ""),
+           {"absent, or equal to rope_theta (LFM2's releases read theta, or rope_theta alone)",
+            config.context.top_theta ? ", which is " + Json(*config.context.top_theta).dump() : ""},
            Json(*theta).dump());
     }
   }

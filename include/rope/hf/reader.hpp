@@ -113,7 +113,7 @@ class Reader {
     for (std::size_t i = 0; i < v->size(); ++i) {
       const Json& e = (*v)[i];
       if (!e.is_number() || !(e.get<double>() > 0.0) || !std::isfinite(e.get<double>())) {
-        fail(fn_, rope::detail::indexed(path(key), i), "a finite number > 0", e.dump());
+        fail(fn_, {path(key), "[", i, "]"}, "a finite number > 0", e.dump());
       }
       out.push_back(e.get<double>());
     }
@@ -131,7 +131,7 @@ class Reader {
       } else if (e.is_number_integer() && e.get<std::int64_t>() >= 0) {
         out.push_back(static_cast<std::size_t>(e.get<std::int64_t>()));
       } else {
-        fail(fn_, rope::detail::indexed(path(key), i), "a whole number >= 0", e.dump());
+        fail(fn_, {path(key), "[", i, "]"}, "a whole number >= 0", e.dump());
       }
     }
     return out;

@@ -100,13 +100,12 @@ inline std::size_t rotary_dim_of(const Context& c, const std::string& type, cons
   } else if (c.gptj_rotary_dim) {
     rotary_dim = *c.gptj_rotary_dim;
     if (rotary_dim > head_dim) {
-      fail(cfg.fn(), cfg.path("rotary_dim"), "<= head_dim = " + to_text(head_dim), rotary_dim);
+      fail(cfg.fn(), cfg.path("rotary_dim"), {"<= head_dim = ", head_dim}, rotary_dim);
     }
   }
   if (rotary_dim == 0 || rotary_dim % 2 != 0) {
     fail(cfg.fn(), partial.factor ? partial.key : cfg.path("head_dim"),
-         "a value giving an even, positive rotary_dim (head_dim " + to_text(head_dim) + " gives " +
-             to_text(rotary_dim) + ")",
+         {"a value giving an even, positive rotary_dim (head_dim ", head_dim, " gives ", rotary_dim, ")"},
          partial.factor ? to_text(*partial.factor) : to_text(head_dim));
   }
   return rotary_dim;
@@ -177,8 +176,7 @@ inline void read_longrope_factors(const Reader& entry, std::size_t rotary_dim, s
   for (const char* key : {"short_factor", "long_factor"}) {
     const std::size_t n = entry.find(key)->size();
     if (n != rotary_dim / 2) {
-      fail(entry.fn(), entry.path(key), "rotary_dim/2 = " + to_text(rotary_dim / 2) + " numbers long",
-           to_text(n) + " numbers");
+      fail(entry.fn(), entry.path(key), {"rotary_dim/2 = ", rotary_dim / 2, " numbers long"}, to_text(n) + " numbers");
     }
   }
 }

@@ -32,11 +32,11 @@ constexpr void check_types() noexcept {
 // The rotary width a call asks for: `asked`, or the table's when 0; even
 // and within the table. `argument` names where the caller asked for it
 // (options.rotary_dim, rotation.rotary_dim).
-inline std::size_t rotary_width(const char* fn, const std::string& argument, std::size_t asked,
+inline std::size_t rotary_width(const char* fn, const Piece& argument, std::size_t asked,
                                 std::size_t table_rotary_dim) {
   const std::size_t r = asked == 0 ? table_rotary_dim : asked;
   if (r % 2 != 0) fail(fn, argument, "even", r);
-  if (r > table_rotary_dim) fail(fn, argument, "<= the table's rotary_dim " + to_text(table_rotary_dim), r);
+  if (r > table_rotary_dim) fail(fn, argument, {"<= the table's rotary_dim ", table_rotary_dim}, r);
   return r;
 }
 
@@ -57,7 +57,7 @@ void check_rotary_fits(const char* fn, const char* const* names, const Pass<T>* 
                        std::size_t rotary_dim) {
   for (std::size_t i = 0; i < count; ++i) {
     if (rotary_dim > passes[i].in.head_dim) {
-      fail(fn, field(names[i], "head_dim"), ">= rotary_dim " + to_text(rotary_dim), passes[i].in.head_dim);
+      fail(fn, {names[i], ".head_dim"}, {">= rotary_dim ", rotary_dim}, passes[i].in.head_dim);
     }
   }
 }
@@ -72,9 +72,8 @@ struct PositionNames {
 };
 
 // Position `value` (argument `argument`) is outside the table's rows.
-[[noreturn]] inline void position_outside(const char* fn, const std::string& argument, std::uint64_t rows,
-                                          std::int64_t value) {
-  fail<rope::out_of_range>(fn, argument, "in the table's positions [0, " + to_text(rows) + ")", value);
+[[noreturn]] inline void position_outside(const char* fn, Pieces argument, std::uint64_t rows, std::int64_t value) {
+  fail<rope::out_of_range>(fn, argument, {"in the table's positions [0, ", rows, ")"}, value);
 }
 
 // Every position of `count` tokens must index a row of a table of
@@ -85,21 +84,18 @@ inline void check_positions(const char* fn, const Positions& p, std::size_t coun
   if (p.by_id() && p.ids() == nullptr) fail(fn, names.ids, "non-null", nullptr);
   if (count == 0) return;
   if (!p.by_id()) {
-    if (p.offset() < 0) {
-      fail<rope::out_of_range>(fn, std::string(names.offset) + " (the position of token 0)", ">= 0", p.offset());
-    }
+    if (p.offset() < 0) fail<rope::out_of_range>(fn, {names.offset, " (the position of token 0)"}, ">= 0", p.offset());
     const auto last = static_cast<std::uint64_t>(p.offset()) + (count - 1);
     if (last >= table_positions) {
-      const std::string t = to_text(count - 1);
-      fail<rope::out_of_range>(fn, std::string(names.offset) + " + " + t + " (the position of token " + t + ")",
-                               "in the table's positions [0, " + to_text(table_positions) + ")", last);
+      fail<rope::out_of_range>(fn, {names.offset, " + ", count - 1, " (the position of token ", count - 1, ")"},
+                               {"in the table's positions [0, ", table_positions, ")"}, last);
     }
     return;
   }
   for (std::size_t t = 0; t < count; ++t) {
     const std::int64_t m = p.ids()[t];
     if (m < 0 || static_cast<std::uint64_t>(m) >= table_positions) {
-      position_outside(fn, indexed(names.ids, t), table_positions, m);
+      position_outside(fn, {names.ids, "[", t, "]"}, table_positions, m);
     }
   }
 }
@@ -108,7 +104,7 @@ inline void check_positions(const char* fn, const Positions& p, std::size_t coun
 inline void check_grouped_heads(const char* fn, const char* k_name, std::size_t k_heads, const char* q_name,
                                 std::size_t q_heads) {
   if (k_heads == 0 || q_heads % k_heads != 0) {
-    fail(fn, k_name, std::string("a divisor of ") + q_name + " = " + to_text(q_heads), k_heads);
+    fail(fn, k_name, {"a divisor of ", q_name, " = ", q_heads}, k_heads);
   }
 }
 

@@ -15,20 +15,50 @@
 #include <utility>
 
 #include "../detail/error.hpp"
+#include "../detail/inline.hpp"
 #include "../view.hpp"
 
 namespace rope::detail {
 
-// "[tokens, heads, head_dim]" of a view, for messages.
-template <class T>
-std::string shape_text(const View<T>& v) {
-  return "[" + to_text(v.tokens) + ", " + to_text(v.heads) + ", " + to_text(v.head_dim) + "]";
-}
+// A view's layout whatever its element type: what the checks read. Strides
+// in elements of `element` bytes. The checks take extents, so their code is
+// compiled once per translation unit rather than once per element type.
+struct Extent {
+  std::uintptr_t data;
+  std::size_t tokens, heads, head_dim, token_stride, head_stride;
+  std::size_t element;  // bytes
+};
 
 template <class T>
-std::size_t span_elements(const View<T>& v) noexcept {
+ROPE_ALWAYS_INLINE Extent extent(const View<T>& v) noexcept {
+  return {reinterpret_cast<std::uintptr_t>(v.data),
+          v.tokens,
+          v.heads,
+          v.head_dim,
+          v.token_stride,
+          v.head_stride,
+          sizeof(T)};
+}
+
+// "[tokens, heads, head_dim]" of a view, for messages.
+ROPE_COLD inline std::string shape_text(const Extent& v) {
+  return join({"[", v.tokens, ", ", v.heads, ", ", v.head_dim, "]"});
+}
+template <class T>
+std::string shape_text(const View<T>& v) {
+  return shape_text(extent(v));
+}
+
+// The value of an overlap error: "a view that overlaps <name>".
+ROPE_COLD inline std::string overlaps(const char* name) { return join({"a view that overlaps ", name}); }
+
+inline std::size_t span_elements(const Extent& v) noexcept {
   if (v.tokens == 0 || v.heads == 0) return 0;
   return (v.tokens - 1) * v.token_stride + (v.heads - 1) * v.head_stride + v.head_dim;
+}
+template <class T>
+std::size_t span_elements(const View<T>& v) noexcept {
+  return span_elements(extent(v));
 }
 
 // Whether a * b > limit, exactly, without a division: a 64-bit division is
@@ -42,70 +72,69 @@ inline bool product_above(std::size_t a, std::size_t b, std::size_t limit) noexc
 #endif
 }
 
+// The most bytes a view may span: a pointer difference must be representable.
+constexpr std::size_t kMaxViewBytes = static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max());
+
 // Shape and row layout of one view. Rows must not overlap: sorted by stride,
 // each dimension must step past everything the smaller ones cover (the usual
 // nested layouts; an interleaving of rows that happens not to collide is
 // rejected too). A stride of 0 is allowed only where there is one row along it.
 // The view's bytes must fit in half the address range (a pointer difference
 // across it is defined): counted in bytes, not elements.
-// The most bytes a view may span: a pointer difference must be representable.
-constexpr std::size_t kMaxViewBytes = static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max());
-
-template <class T>
-void check_view(const char* fn, const char* name, const View<T>& v) {
-  if (v.data == nullptr) fail(fn, field(name, "data"), "non-null", nullptr);
-  if (v.head_dim == 0) fail(fn, field(name, "head_dim"), "at least 1", v.head_dim);
+inline void check_view(const char* fn, const char* name, const Extent& v) {
+  if (v.data == 0) fail(fn, {name, ".data"}, "non-null", nullptr);
+  if (v.head_dim == 0) fail(fn, {name, ".head_dim"}, "at least 1", v.head_dim);
   struct Dim {
     std::size_t count, stride;
     const char* name;
   };
   Dim dims[2] = {{v.heads, v.head_stride, "head_stride"}, {v.tokens, v.token_stride, "token_stride"}};
   if (dims[0].count > 1 && dims[1].count > 1 && dims[1].stride < dims[0].stride) std::swap(dims[0], dims[1]);
+  const std::size_t max_elements = kMaxViewBytes / v.element;
   std::size_t covered = v.head_dim;
   for (const Dim& d : dims) {
     if (d.count <= 1) continue;
-    if (d.stride < covered) {
-      fail(fn, field(name, d.name), ">= " + to_text(covered) + " (rows would overlap)", d.stride);
-    }
-    if (product_above(d.stride, d.count, kMaxViewBytes / sizeof(T))) {
-      fail(fn, field(name, d.name), "small enough to stay inside the address range", d.stride);
+    if (d.stride < covered) fail(fn, {name, ".", d.name}, {">= ", covered, " (rows would overlap)"}, d.stride);
+    if (product_above(d.stride, d.count, max_elements)) {
+      fail(fn, {name, ".", d.name}, "small enough to stay inside the address range", d.stride);
     }
     covered += d.stride * (d.count - 1);
   }
-  if (covered > kMaxViewBytes / sizeof(T)) {
-    fail(fn, std::string(name) + "'s span of elements",
-         "at most " + to_text(kMaxViewBytes / sizeof(T)) + " (its bytes inside the address range)", covered);
+  if (covered > max_elements) {
+    fail(fn, {name, "'s span of elements"}, {"at most ", max_elements, " (its bytes inside the address range)"},
+         covered);
   }
 }
-
 template <class T>
-bool same_view(const View<const T>& a, const View<const T>& b) noexcept {
+void check_view(const char* fn, const char* name, const View<T>& v) {
+  check_view(fn, name, extent(v));
+}
+
+inline bool same_view(const Extent& a, const Extent& b) noexcept {
   return a.data == b.data && a.tokens == b.tokens && a.heads == b.heads && a.head_dim == b.head_dim &&
-         a.token_stride == b.token_stride && a.head_stride == b.head_stride;
+         a.token_stride == b.token_stride && a.head_stride == b.head_stride && a.element == b.element;
 }
 
 // Whether no element belongs to both views (each already passed check_view).
 // Disjoint address ranges settle most cases. Slices of one packed buffer
-// interleave per token; when both views step tokens by the same stride and a
-// token's rows fit in that stride, the rows of a token of one view can only
-// meet those of the same or the previous token's slot of the other, so two
-// sorted sweeps over the heads decide it.
-template <class A, class B>
-bool disjoint(const View<const A>& a, const View<const B>& b) noexcept {
+// interleave per token; when both views have elements of one size, step
+// tokens by the same stride and a token's rows fit in that stride, the rows
+// of a token of one view can only meet those of the same or the previous
+// token's slot of the other, so two sorted sweeps over the heads decide it.
+inline bool disjoint(const Extent& a, const Extent& b) noexcept {
   const std::size_t na = span_elements(a), nb = span_elements(b);
   if (na == 0 || nb == 0) return true;
-  const auto a_lo = reinterpret_cast<std::uintptr_t>(a.data);
-  const auto b_lo = reinterpret_cast<std::uintptr_t>(b.data);
-  if (a_lo + na * sizeof(A) <= b_lo || b_lo + nb * sizeof(B) <= a_lo) return true;
-  if (!std::is_same<A, B>::value) return false;
+  const std::uintptr_t a_lo = a.data, b_lo = b.data;
+  if (a_lo + na * a.element <= b_lo || b_lo + nb * b.element <= a_lo) return true;
+  if (a.element != b.element) return false;
   const std::size_t ts = a.token_stride;
   if (ts == 0 || b.token_stride != ts) return false;
   const std::size_t a_token = (a.heads - 1) * a.head_stride + a.head_dim;
   const std::size_t b_token = (b.heads - 1) * b.head_stride + b.head_dim;
   if (a_token > ts || b_token > ts) return false;
   const std::uintptr_t gap = b_lo >= a_lo ? b_lo - a_lo : a_lo - b_lo;
-  if (gap % sizeof(A) != 0) return false;
-  const auto gap_elements = static_cast<std::size_t>(gap / sizeof(A)) % ts;
+  if (gap % a.element != 0) return false;
+  const auto gap_elements = static_cast<std::size_t>(gap / a.element) % ts;
   // Offset of b's token slot relative to a's, reduced into [0, ts).
   const std::size_t r = (b_lo >= a_lo || gap_elements == 0) ? gap_elements : ts - gap_elements;
   for (const std::ptrdiff_t shift :
@@ -125,17 +154,20 @@ bool disjoint(const View<const A>& a, const View<const B>& b) noexcept {
   }
   return true;
 }
+template <class A, class B>
+bool disjoint(const View<A>& a, const View<B>& b) noexcept {
+  return disjoint(extent(a), extent(b));
+}
 
 // An output view must share no element with another view of the same call.
+inline void check_disjoint(const char* fn, const char* out_name, const Extent& out, const char* other_name,
+                           const Extent& other) {
+  if (!disjoint(out, other)) fail(fn, out_name, {"disjoint from ", other_name}, overlaps(other_name));
+}
 template <class A, class B>
 void check_disjoint(const char* fn, const char* out_name, const View<A>& out, const char* other_name,
                     const View<B>& other) {
-  if (!disjoint(View<const std::remove_const_t<A>>(out.data, out.tokens, out.heads, out.head_dim, out.token_stride,
-                                                   out.head_stride),
-                View<const std::remove_const_t<B>>(other.data, other.tokens, other.heads, other.head_dim,
-                                                   other.token_stride, other.head_stride))) {
-    fail(fn, out_name, std::string("disjoint from ") + other_name, std::string("a view that overlaps ") + other_name);
-  }
+  check_disjoint(fn, out_name, extent(out), other_name, extent(other));
 }
 
 // One tensor to rotate, in -> out (out == in: in place).
@@ -146,34 +178,42 @@ struct Pass {
 };
 
 // Every view checked alone, then every written view against every other
-// view: the same view (in place) or no shared element.
+// view: the same view (in place) or no shared element. view(passes, i, out)
+// is the extent of pass i's input or output.
+using PassExtent = Extent (*)(const void* passes, std::size_t i, bool out) noexcept;
+inline void check_passes(const char* fn, const void* passes, PassExtent view, std::size_t count,
+                         const char* const* in_names, const char* const* out_names) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const Extent in = view(passes, i, false), out = view(passes, i, true);
+    check_view(fn, in_names[i], in);
+    check_view(fn, out_names[i], out);
+    if (in.tokens != out.tokens || in.heads != out.heads || in.head_dim != out.head_dim) {
+      fail(fn, {out_names[i], "'s shape"},
+           {"the shape of ", in_names[i], " [", in.tokens, ", ", in.heads, ", ", in.head_dim, "]"}, shape_text(out));
+    }
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    const Extent out = view(passes, i, true);
+    for (std::size_t j = 0; j < count; ++j) {
+      const Extent in = view(passes, j, false);
+      if (i == j && same_view(in, out)) continue;
+      if (!disjoint(out, in)) {
+        if (i == j)
+          fail(fn, out_names[i], {in_names[j], " itself (in place) or disjoint from it"}, overlaps(in_names[j]));
+        fail(fn, out_names[i], {"disjoint from ", in_names[j]}, overlaps(in_names[j]));
+      }
+      if (j != i) check_disjoint(fn, out_names[i], out, out_names[j], view(passes, j, true));
+    }
+  }
+}
 template <class T>
 void check_passes(const char* fn, const Pass<T>* passes, std::size_t count, const char* const* in_names,
                   const char* const* out_names) {
-  for (std::size_t i = 0; i < count; ++i) {
-    check_view(fn, in_names[i], passes[i].in);
-    check_view(fn, out_names[i], passes[i].out);
-    const View<const T> in = passes[i].in;
-    const View<const T> out = passes[i].out;
-    if (in.tokens != out.tokens || in.heads != out.heads || in.head_dim != out.head_dim) {
-      fail(fn, std::string(out_names[i]) + "'s shape",
-           "the shape of " + std::string(in_names[i]) + " " + shape_text(in), shape_text(out));
-    }
-  }
-  for (std::size_t i = 0; i < count; ++i) {
-    const View<const T> out = passes[i].out;
-    for (std::size_t j = 0; j < count; ++j) {
-      const View<const T> in = passes[j].in;
-      if (i == j && same_view(in, out)) continue;
-      if (!disjoint(out, in)) {
-        fail(fn, out_names[i],
-             i == j ? std::string(in_names[j]) + " itself (in place) or disjoint from it"
-                    : std::string("disjoint from ") + in_names[j],
-             std::string("a view that overlaps ") + in_names[j]);
-      }
-      if (j != i) check_disjoint(fn, out_names[i], out, out_names[j], passes[j].out);
-    }
-  }
+  const PassExtent view = [](const void* p, std::size_t i, bool out) noexcept {
+    const Pass<T>& pass = static_cast<const Pass<T>*>(p)[i];
+    return out ? extent(pass.out) : extent(pass.in);
+  };
+  check_passes(fn, passes, view, count, in_names, out_names);
 }
 
 }  // namespace rope::detail
