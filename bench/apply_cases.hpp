@@ -20,7 +20,19 @@
 
 #include <rope/apply.hpp>
 
+#include "paired.hpp"
 #include "shapes.hpp"
+
+namespace rope_bench {
+
+// rope::apply_qk as the -march=native build compiles it (bench_apply.cpp),
+// for the dispatched cases of baseline.cpp to be timed against: in place
+// when q_out is null.
+template <class T>
+void native_apply_qk(rope::View<T> q, rope::View<T> k, T* q_out, T* k_out, const rope::Table<float>& table,
+                     const std::int64_t* positions, const rope::Options& options);
+
+}  // namespace rope_bench
 
 namespace {
 
@@ -77,22 +89,49 @@ void set_bytes(benchmark::State& state, const QkShape& shape) {
   state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(2 * shape.elements() * sizeof(T)));
 }
 
+// What one apply case rotates: Q and K (and their outputs out of place),
+// positions, options.
 template <class T>
-void apply_case(benchmark::State& state, QkShape shape, Placement placement, std::size_t threads) {
-  const rope::Table<float> table(rope::frequencies(shape.q.rotary_dim, 500000.0), 8192);
-  const std::size_t tokens = shape.q.tokens, d = shape.q.head_dim;
-  Tensor<T> q(tokens * shape.q.heads * d), k(tokens * shape.k_heads * d);
-  Tensor<T> q_out(placement == Placement::in_place ? 0 : q.size(), false);
-  Tensor<T> k_out(placement == Placement::in_place ? 0 : k.size(), false);
-  std::vector<std::int64_t> positions(tokens);
-  for (std::size_t t = 0; t < tokens; ++t) positions[t] = shape.first_position + static_cast<std::int64_t>(t);
+struct QkCall {
+  QkShape shape;
+  Placement placement;
+  rope::Table<float> table;
+  Tensor<T> q, k, q_out, k_out;
+  std::vector<std::int64_t> positions;
   rope::Options options;
-  options.threads = threads;
-  if (placement == Placement::out_of_place_cached) options.stores = rope::Stores::cached;
-  if (placement == Placement::out_of_place_streaming) options.stores = rope::Stores::streaming;
-  const auto qv = rope::View<T>::token_major(q.data(), tokens, shape.q.heads, d);
-  const auto kv = rope::View<T>::token_major(k.data(), tokens, shape.k_heads, d);
-  for (auto _ : state) {
+
+  QkCall(const QkShape& s, Placement p, std::size_t threads)
+      : shape(s),
+        placement(p),
+        table(rope::frequencies(s.q.rotary_dim, 500000.0), 8192),
+        q(s.q.tokens * s.q.heads * s.q.head_dim),
+        k(s.q.tokens * s.k_heads * s.q.head_dim),
+        q_out(p == Placement::in_place ? 0 : q.size(), false),
+        k_out(p == Placement::in_place ? 0 : k.size(), false),
+        positions(s.q.tokens) {
+    for (std::size_t t = 0; t < s.q.tokens; ++t) positions[t] = s.first_position + static_cast<std::int64_t>(t);
+    options.threads = threads;
+    if (p == Placement::out_of_place_cached) options.stores = rope::Stores::cached;
+    if (p == Placement::out_of_place_streaming) options.stores = rope::Stores::streaming;
+  }
+
+  // The same call through the native build (bench_apply.cpp).
+  void native() {
+    const std::size_t tokens = shape.q.tokens, d = shape.q.head_dim;
+    const bool in_place = placement == Placement::in_place;
+    rope_bench::native_apply_qk(rope::View<T>::token_major(q.data(), tokens, shape.q.heads, d),
+                                rope::View<T>::token_major(k.data(), tokens, shape.k_heads, d),
+                                in_place ? nullptr : q_out.data(), in_place ? nullptr : k_out.data(), table,
+                                positions.data(), options);
+    benchmark::DoNotOptimize(q_out.data());
+    benchmark::ClobberMemory();
+  }
+
+  // rope::apply_qk as compiled in this translation unit.
+  void operator()() {
+    const std::size_t tokens = shape.q.tokens, d = shape.q.head_dim;
+    const auto qv = rope::View<T>::token_major(q.data(), tokens, shape.q.heads, d);
+    const auto kv = rope::View<T>::token_major(k.data(), tokens, shape.k_heads, d);
     if (placement == Placement::in_place) {
       rope::apply_qk(qv, kv, table, rope::Style::rotate_half, positions.data(), options);
     } else {
@@ -104,34 +143,61 @@ void apply_case(benchmark::State& state, QkShape shape, Placement placement, std
     benchmark::DoNotOptimize(q_out.data());
     benchmark::ClobberMemory();
   }
-  set_bytes<T>(state, shape);
-}
+};
 
-// The same bytes as apply_case moved by memcpy, the tokens split across
-// threads the way apply splits them.
+// The same bytes as an apply case moved by memcpy (Q and K into other
+// buffers), the tokens split across threads the way apply splits them.
 template <class T>
-void memcpy_case(benchmark::State& state, QkShape shape, std::size_t threads) {
-  const Tensor<T> q(shape.q.tokens * shape.q.heads * shape.q.head_dim);
-  const Tensor<T> k(shape.q.tokens * shape.k_heads * shape.q.head_dim);
-  Tensor<T> q_out(q.size(), false), k_out(k.size(), false);
-  const std::size_t workers = std::min(threads, shape.q.tokens);
-  auto copy = [&](std::size_t w) {
-    const auto part = [&](const Tensor<T>& from, Tensor<T>& to) {
+struct QkCopy {
+  QkShape shape;
+  std::size_t workers;
+  Tensor<T> q, k, q_out, k_out;
+
+  QkCopy(const QkShape& s, std::size_t threads)
+      : shape(s),
+        workers(std::min(threads, s.q.tokens)),
+        q(s.q.tokens * s.q.heads * s.q.head_dim),
+        k(s.q.tokens * s.k_heads * s.q.head_dim),
+        q_out(q.size(), false),
+        k_out(k.size(), false) {}
+
+  void part(std::size_t w) {
+    const auto copy = [&](const Tensor<T>& from, Tensor<T>& to) {
       const std::size_t begin = from.size() / shape.q.tokens * (shape.q.tokens * w / workers);
       const std::size_t end = from.size() / shape.q.tokens * (shape.q.tokens * (w + 1) / workers);
       std::memcpy(to.data() + begin, from.data() + begin, (end - begin) * sizeof(T));
     };
-    part(q, q_out);
-    part(k, k_out);
-  };
-  for (auto _ : state) {
+    copy(q, q_out);
+    copy(k, k_out);
+  }
+  void operator()() {
     std::vector<std::thread> pool;
-    for (std::size_t w = 1; w < workers; ++w) pool.emplace_back(copy, w);
-    copy(0);
+    for (std::size_t w = 1; w < workers; ++w) pool.emplace_back([this, w] { part(w); });
+    part(0);
     for (auto& t : pool) t.join();
     benchmark::DoNotOptimize(q_out.data());
     benchmark::ClobberMemory();
   }
+};
+
+// Calls per timed stretch of a paired case (paired.hpp): a decode step's few
+// hundred ns many times over.
+inline std::size_t apply_calls(const QkShape& shape) { return shape.q.tokens == 1 ? 64 : 1; }
+
+// An apply case, paired with the memcpy of its bytes (counter vs_memcpy).
+template <class T>
+void apply_case(benchmark::State& state, QkShape shape, Placement placement, std::size_t threads) {
+  QkCall<T> call(shape, placement, threads);
+  QkCopy<T> copy(shape, threads);
+  rope_bench::paired(state, "vs_memcpy", apply_calls(shape), copy, call);
+  set_bytes<T>(state, shape);
+}
+
+// The memcpy alone.
+template <class T>
+void memcpy_case(benchmark::State& state, QkShape shape, std::size_t threads) {
+  QkCopy<T> copy(shape, threads);
+  for (auto _ : state) copy();
   set_bytes<T>(state, shape);
 }
 

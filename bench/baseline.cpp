@@ -27,20 +27,34 @@
 
 namespace {
 
-// Dispatch is installed for the case only: every other case runs the loop
-// compiled in its own translation unit.
+// Dispatch is installed for the case's own calls only: every other case
+// runs the loop compiled in its own translation unit. Each dispatched case
+// is timed against the native build's same call in the same iterations
+// (counter vs_native, paired.hpp), dispatch switched off for those.
+const auto kNativeOn = [] { rope::dispatch::uninstall(); };
+const auto kDispatchOn = [] { rope::dispatch::install(); };
+
 template <class T>
 void dispatch_case(benchmark::State& state, QkShape shape, Placement placement, std::size_t threads) {
-  rope::dispatch::install();
-  apply_case<T>(state, shape, placement, threads);
+  QkCall<T> call(shape, placement, threads);
+  rope_bench::paired(state, "vs_native", apply_calls(shape), [&] { call.native(); }, call, kNativeOn, kDispatchOn);
   rope::dispatch::uninstall();
+  set_bytes<T>(state, shape);
 }
 
 template <class E>
 void batch_dispatch_case(benchmark::State& state, std::vector<std::int64_t> lengths, std::string key) {
-  rope::dispatch::install();
-  batch_case<E>(state, std::move(lengths), Layout::paged, 1, std::move(key));
+  auto& c = hold<BatchCase<E>>(key, [&] { return std::make_unique<BatchCase<E>>(lengths, Layout::paged); });
+  BatchCall<E> call(c, 1);
+  const auto native = [&] {
+    rope_bench::native_softmax_batch(call.q, c.cache, call.batch, call.out, call.options, &call.workspace);
+    benchmark::DoNotOptimize(c.out.data());
+    benchmark::ClobberMemory();
+  };
+  rope_bench::paired(state, "vs_native", 1, native, call, kNativeOn, kDispatchOn);
   rope::dispatch::uninstall();
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(kv_bytes<E>(c.lengths)));
 }
 
 // In the order of bench_batch.cpp's, the cases of one cache one after
@@ -53,11 +67,11 @@ void register_batch() {
   benchmark::RegisterBenchmark(("attention/batch_decode_baseline/" + kv + "/paged/T1").c_str(), batch_case<E>, lengths,
                                Layout::paged, 1, key)
       ->Unit(benchmark::kMillisecond)
-      ->UseRealTime();
+      ->UseManualTime();
   benchmark::RegisterBenchmark(("attention/batch_decode_dispatch/" + kv + "/paged/T1").c_str(), batch_dispatch_case<E>,
                                lengths, key)
       ->Unit(benchmark::kMillisecond)
-      ->UseRealTime();
+      ->UseManualTime();
 }
 
 template <class T>
@@ -65,8 +79,8 @@ void register_builds(const char* type) {
   for (const QkShape& shape : {kPrefill, kDecode}) {
     for (Placement p : {Placement::in_place, Placement::out_of_place}) {
       const std::string suffix = "/" + std::string(type) + "/" + name(p) + "/t1/" + shape.q.name;
-      benchmark::RegisterBenchmark(("apply_baseline" + suffix).c_str(), apply_case<T>, shape, p, 1)->UseRealTime();
-      benchmark::RegisterBenchmark(("apply_dispatch" + suffix).c_str(), dispatch_case<T>, shape, p, 1)->UseRealTime();
+      benchmark::RegisterBenchmark(("apply_baseline" + suffix).c_str(), apply_case<T>, shape, p, 1)->UseManualTime();
+      benchmark::RegisterBenchmark(("apply_dispatch" + suffix).c_str(), dispatch_case<T>, shape, p, 1)->UseManualTime();
     }
   }
 }

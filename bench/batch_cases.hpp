@@ -18,8 +18,23 @@
 #include <vector>
 
 #include <rope/attention.hpp>
+#include <rope/detail/simd.hpp>
+#include <xsimd/xsimd.hpp>
 
+#include "paired.hpp"
 #include "shapes.hpp"
+
+namespace rope_bench {
+
+// softmax_batch as the -march=native build compiles it (bench_batch.cpp),
+// for the dispatched cases of baseline.cpp to be timed against (E: float,
+// BFloat16, int8).
+template <class E>
+void native_softmax_batch(const rope::View<const float>& q, const rope::attention::PagedCache<E>& cache,
+                          const rope::attention::Batch& batch, const rope::View<float>& out,
+                          const rope::attention::BatchOptions& options, rope::attention::BatchWorkspace* workspace);
+
+}  // namespace rope_bench
 
 namespace {
 
@@ -63,6 +78,32 @@ std::size_t kv_bytes(const std::vector<std::int64_t>& lengths) {
   return 2 * tokens * kKvHeads * per_row;
 }
 
+// One SIMD pass summing n 32-bit words: a read of exactly those bytes, the
+// limit of a decode step, which only reads its cache.
+inline std::uint32_t sum_words(const std::uint32_t* p, std::size_t n) noexcept {
+  using B = xsimd::batch<std::uint32_t>;
+  constexpr std::size_t W = B::size;
+  B a0(0u), a1(0u), a2(0u), a3(0u);
+  std::size_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    a0 += B::load_unaligned(p + i);
+    a1 += B::load_unaligned(p + i + W);
+    a2 += B::load_unaligned(p + i + 2 * W);
+    a3 += B::load_unaligned(p + i + 3 * W);
+  }
+  std::uint32_t s = rope::detail::sum_lanes((a0 + a1) + (a2 + a3));
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
+// `bytes` of pseudo-random 32-bit words on cache lines, as the caches are.
+inline rope_bench::LineVector<std::uint32_t> read_words(std::size_t bytes) {
+  rope_bench::LineVector<std::uint32_t> words(bytes / sizeof(std::uint32_t));
+  std::uint32_t s = 1;
+  for (auto& w : words) w = s = s * 1664525u + 1013904223u;
+  return words;
+}
+
 // What one case builds and the next case of the same key reuses.
 struct Held {
   virtual ~Held() = default;
@@ -92,6 +133,7 @@ struct BatchCase : Held {
   rope_bench::LineVector<float> k_scales, v_scales;
   ra::PagedCache<E> cache;
   rope_bench::LineVector<float> q, out;
+  rope_bench::LineVector<std::uint32_t> words;  // as many bytes as a call reads, for the paired read
 
   BatchCase(std::vector<std::int64_t> lens, Layout layout) : lengths(std::move(lens)) {
     const std::size_t n = lengths.size();
@@ -174,22 +216,49 @@ struct BatchCase : Held {
   }
 };
 
+// softmax_batch of this unit's build over a case's cache.
+template <class E>
+struct BatchCall {
+  BatchCase<E>& c;
+  rope::View<const float> q;
+  rope::View<float> out;
+  ra::Batch batch;
+  ra::BatchOptions options;
+  ra::BatchWorkspace workspace;
+
+  BatchCall(BatchCase<E>& held, std::size_t threads)
+      : c(held),
+        q(rope::View<const float>::token_major(held.q.data(), held.lengths.size(), kQHeads, kHeadDim)),
+        out(rope::View<float>::token_major(held.out.data(), held.lengths.size(), kQHeads, kHeadDim)),
+        batch(held.batch()) {
+    options.threads = threads;
+    (*this)();  // grows the workspace outside the timing
+  }
+  void operator()() {
+    ra::softmax_batch(q, c.cache, batch, out, options, &workspace);
+    benchmark::DoNotOptimize(c.out.data());
+    benchmark::ClobberMemory();
+  }
+};
+
+// A batch case, paired (paired.hpp) on one thread with a read of as many
+// bytes as it reads (counter vs_read), on more with the same call on one
+// thread (counter vs_T1).
 template <class E>
 void batch_case(benchmark::State& state, std::vector<std::int64_t> lengths, Layout layout, std::size_t threads,
                 std::string key) {
   auto& c = hold<BatchCase<E>>(key, [&] { return std::make_unique<BatchCase<E>>(lengths, layout); });
-  const std::size_t n = c.lengths.size();
-  const auto q = rope::View<const float>::token_major(c.q.data(), n, kQHeads, kHeadDim);
-  const auto out = rope::View<float>::token_major(c.out.data(), n, kQHeads, kHeadDim);
-  const ra::Batch batch = c.batch();
-  ra::BatchOptions o;
-  o.threads = threads;
-  ra::BatchWorkspace ws;
-  ra::softmax_batch(q, c.cache, batch, out, o, &ws);  // grows the workspace outside the timing
-  for (auto _ : state) {
-    ra::softmax_batch(q, c.cache, batch, out, o, &ws);
-    benchmark::DoNotOptimize(c.out.data());
-    benchmark::ClobberMemory();
+  BatchCall<E> call(c, threads);
+  if (threads == 1) {
+    if (c.words.empty()) c.words = read_words(kv_bytes<E>(c.lengths));
+    const auto read = [&] {
+      std::uint32_t s = sum_words(c.words.data(), c.words.size());
+      benchmark::DoNotOptimize(s);
+    };
+    rope_bench::paired(state, "vs_read", 1, read, call);
+  } else {
+    BatchCall<E> one(c, 1);
+    rope_bench::paired(state, "vs_T1", 1, one, call);
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(kv_bytes<E>(c.lengths)));

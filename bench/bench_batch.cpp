@@ -21,7 +21,10 @@
 //                                    pages of 16, shuffled
 //
 // Bytes processed: the K and V bytes read (and the int8 scales), the same for
-// both layouts. The caches are big (f32: 268 MB for 32k tokens, the
+// both layouts. Each case on one thread is also timed against the read of
+// its bytes, and each on two threads against itself on one, in the same
+// iterations (counters vs_read and vs_T1, paired.hpp): the report reads
+// those. The caches are big (f32: 268 MB for 32k tokens, the
 // contiguous one reserves 4x that), so one is held at a time: the cases of
 // one cache run one after another and share it, the next case frees it
 // before building its own.
@@ -45,28 +48,9 @@ namespace {
 
 // The bytes of a batch_decode call, contiguous, as 32-bit words.
 struct ReadCase : Held {
-  rope_bench::LineVector<std::uint32_t> words;  // on cache lines, as the caches
-  explicit ReadCase(std::size_t bytes) : words(bytes / sizeof(std::uint32_t)) {
-    std::uint32_t s = 1;
-    for (auto& w : words) w = s = s * 1664525u + 1013904223u;
-  }
+  rope_bench::LineVector<std::uint32_t> words;
+  explicit ReadCase(std::size_t bytes) : words(read_words(bytes)) {}
 };
-
-std::uint32_t sum_words(const std::uint32_t* p, std::size_t n) noexcept {
-  using B = xsimd::batch<std::uint32_t>;
-  constexpr std::size_t W = B::size;
-  B a0(0u), a1(0u), a2(0u), a3(0u);
-  std::size_t i = 0;
-  for (; i + 4 * W <= n; i += 4 * W) {
-    a0 += B::load_unaligned(p + i);
-    a1 += B::load_unaligned(p + i + W);
-    a2 += B::load_unaligned(p + i + 2 * W);
-    a3 += B::load_unaligned(p + i + 3 * W);
-  }
-  std::uint32_t s = rope::detail::sum_lanes((a0 + a1) + (a2 + a3));
-  for (; i < n; ++i) s += p[i];
-  return s;
-}
 
 template <class E>
 void read_case(benchmark::State& state, std::string key) {
@@ -90,7 +74,7 @@ void register_kv() {
       benchmark::RegisterBenchmark(("attention/batch_decode/" + key + "/T" + std::to_string(threads)).c_str(),
                                    batch_case<E>, lengths, layout, threads, "batch/" + key)
           ->Unit(benchmark::kMillisecond)
-          ->UseRealTime();
+          ->UseManualTime();
     }
   }
   benchmark::RegisterBenchmark(("attention/batch_decode/read/" + kv).c_str(), read_case<E>, "read/" + kv)
@@ -110,9 +94,33 @@ const bool kRegistered = [] {
                                  batch_case<rope::BFloat16>, std::vector<std::int64_t>{kLongLength}, Layout::paged,
                                  threads, std::string("long/bf16/paged"))
         ->Unit(benchmark::kMillisecond)
-        ->UseRealTime();
+        ->UseManualTime();
   }
   return true;
 }();
 
 }  // namespace
+
+namespace rope_bench {
+
+template <class E>
+void native_softmax_batch(const rope::View<const float>& q, const rope::attention::PagedCache<E>& cache,
+                          const rope::attention::Batch& batch, const rope::View<float>& out,
+                          const rope::attention::BatchOptions& options, rope::attention::BatchWorkspace* workspace) {
+  rope::attention::softmax_batch(q, cache, batch, out, options, workspace);
+}
+template void native_softmax_batch<float>(const rope::View<const float>&, const rope::attention::PagedCache<float>&,
+                                          const rope::attention::Batch&, const rope::View<float>&,
+                                          const rope::attention::BatchOptions&, rope::attention::BatchWorkspace*);
+template void native_softmax_batch<rope::BFloat16>(const rope::View<const float>&,
+                                                   const rope::attention::PagedCache<rope::BFloat16>&,
+                                                   const rope::attention::Batch&, const rope::View<float>&,
+                                                   const rope::attention::BatchOptions&,
+                                                   rope::attention::BatchWorkspace*);
+template void native_softmax_batch<std::int8_t>(const rope::View<const float>&,
+                                                const rope::attention::PagedCache<std::int8_t>&,
+                                                const rope::attention::Batch&, const rope::View<float>&,
+                                                const rope::attention::BatchOptions&,
+                                                rope::attention::BatchWorkspace*);
+
+}  // namespace rope_bench

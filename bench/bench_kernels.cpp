@@ -16,7 +16,9 @@
 // Counters, the same for every case of a shape: bytes = the tensor read once
 // and written once (2 x its size, whatever the variant touches), so bytes/s
 // ratios are time ratios; items = head vectors rotated, so 1e9 / items_per_second
-// is ns per head.
+// is ns per head; vs_memcpy = the case's speed over a memcpy of the same
+// bytes timed in the same iterations (paired.hpp), which the report reads
+// for the "/ memcpy" rows. kernel/-/memcpy/<shape> is the memcpy alone.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -35,6 +37,7 @@
 #include <rope/reference.hpp>
 #include <rope/table.hpp>
 
+#include "paired.hpp"
 #include "shapes.hpp"
 
 namespace {
@@ -120,6 +123,14 @@ void set_counters(benchmark::State& state, const Shape& shape) {
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(shape.rows()));
 }
 
+// Calls per timed stretch of a paired case: about 20 us of work, so that
+// reading the clock is no part of what a short case measures.
+std::size_t calls_for(const Shape& shape) {
+  const std::size_t bytes = shape.elements() * sizeof(float);
+  constexpr std::size_t kStretch = std::size_t(1) << 20;  // ~20 us of memcpy at ~50 GB/s
+  return bytes >= kStretch ? 1 : kStretch / bytes;
+}
+
 // Token t of the shape sits at position first_position + t of a table of
 // table_positions rows (0: just enough rows).
 struct Case {
@@ -145,7 +156,7 @@ void rotate_tensor(benchmark::State& state, Case c, Variant v) {
   const std::size_t r = shape.rotary_dim;
   const bool copy_rest = v.placement == Placement::out_of_place && r < d;
   const Direction dir = v.dir;
-  for (auto _ : state) {
+  const auto rotate = [&] {
     // The position is data, as in a decode step: the table row is looked up.
     std::size_t first = c.first_position;
     benchmark::DoNotOptimize(first);
@@ -173,7 +184,18 @@ void rotate_tensor(benchmark::State& state, Case c, Variant v) {
     }
     benchmark::DoNotOptimize(y);
     benchmark::ClobberMemory();
-  }
+  };
+  // Paired with a memcpy of the same bytes from the input into the output
+  // (in place: the output is then the tensor rotated, a fresh copy each
+  // time); counter vs_memcpy (paired.hpp).
+  const float* from = in.data() + v.offset;
+  const std::size_t bytes = shape.elements() * sizeof(float);
+  const auto copy = [&] {
+    std::memcpy(y, from, bytes);
+    benchmark::DoNotOptimize(y);
+    benchmark::ClobberMemory();
+  };
+  rope_bench::paired(state, "vs_memcpy", calls_for(shape), copy, rotate);
   set_counters(state, shape);
 }
 
@@ -192,9 +214,9 @@ template <Style S>
 void register_variant(const Case& c, const Variant& v) {
   const std::string name = std::string("kernel/") + rope::name(S) + "/" + v.name + "/" + c.shape.name;
   if (v.impl == Impl::simd) {
-    benchmark::RegisterBenchmark(name.c_str(), rotate_tensor<S, Impl::simd>, c, v);
+    benchmark::RegisterBenchmark(name.c_str(), rotate_tensor<S, Impl::simd>, c, v)->UseManualTime();
   } else {
-    benchmark::RegisterBenchmark(name.c_str(), rotate_tensor<S, Impl::reference>, c, v);
+    benchmark::RegisterBenchmark(name.c_str(), rotate_tensor<S, Impl::reference>, c, v)->UseManualTime();
   }
 }
 
