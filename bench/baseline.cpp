@@ -37,7 +37,8 @@ const auto kDispatchOn = [] { rope::dispatch::install(); };
 template <class T>
 void dispatch_case(benchmark::State& state, QkShape shape, Placement placement, std::size_t threads) {
   QkCall<T> call(shape, placement, threads);
-  rope_bench::paired(state, "vs_native", apply_calls(shape), [&] { call.native(); }, call, kNativeOn, kDispatchOn);
+  rope_bench::paired(
+      state, "vs_native", apply_calls(shape), [&] { call.native(); }, call, kNativeOn, kDispatchOn);
   rope::dispatch::uninstall();
   set_bytes<T>(state, shape);
 }

@@ -55,10 +55,10 @@ void native_apply_qk(rope::View<T> q, rope::View<T> k, T* q_out, T* k_out, const
                    positions, options);
   }
 }
-template void native_apply_qk<float>(rope::View<float>, rope::View<float>, float*, float*,
-                                     const rope::Table<float>&, const std::int64_t*, const rope::Options&);
-template void native_apply_qk<rope::BFloat16>(rope::View<rope::BFloat16>, rope::View<rope::BFloat16>,
-                                              rope::BFloat16*, rope::BFloat16*, const rope::Table<float>&,
-                                              const std::int64_t*, const rope::Options&);
+template void native_apply_qk<float>(rope::View<float>, rope::View<float>, float*, float*, const rope::Table<float>&,
+                                     const std::int64_t*, const rope::Options&);
+template void native_apply_qk<rope::BFloat16>(rope::View<rope::BFloat16>, rope::View<rope::BFloat16>, rope::BFloat16*,
+                                              rope::BFloat16*, const rope::Table<float>&, const std::int64_t*,
+                                              const rope::Options&);
 
 }  // namespace rope_bench

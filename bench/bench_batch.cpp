@@ -120,7 +120,6 @@ template void native_softmax_batch<rope::BFloat16>(const rope::View<const float>
 template void native_softmax_batch<std::int8_t>(const rope::View<const float>&,
                                                 const rope::attention::PagedCache<std::int8_t>&,
                                                 const rope::attention::Batch&, const rope::View<float>&,
-                                                const rope::attention::BatchOptions&,
-                                                rope::attention::BatchWorkspace*);
+                                                const rope::attention::BatchOptions&, rope::attention::BatchWorkspace*);
 
 }  // namespace rope_bench

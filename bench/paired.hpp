@@ -51,7 +51,8 @@ void paired(benchmark::State& state, const char* name, std::size_t calls, Baseli
 
 template <class Baseline, class Case>
 void paired(benchmark::State& state, const char* name, std::size_t calls, Baseline&& baseline, Case&& run) {
-  paired(state, name, calls, baseline, run, [] {}, [] {});
+  paired(
+      state, name, calls, baseline, run, [] {}, [] {});
 }
 
 }  // namespace rope_bench
