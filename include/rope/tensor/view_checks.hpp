@@ -44,10 +44,6 @@ ROPE_ALWAYS_INLINE Extent extent(const View<T>& v) noexcept {
 ROPE_COLD inline std::string shape_text(const Extent& v) {
   return join({"[", v.tokens, ", ", v.heads, ", ", v.head_dim, "]"});
 }
-template <class T>
-std::string shape_text(const View<T>& v) {
-  return shape_text(extent(v));
-}
 
 // The value of an overlap error: "a view that overlaps <name>".
 ROPE_COLD inline std::string overlaps(const char* name) { return join({"a view that overlaps ", name}); }
@@ -55,10 +51,6 @@ ROPE_COLD inline std::string overlaps(const char* name) { return join({"a view t
 inline std::size_t span_elements(const Extent& v) noexcept {
   if (v.tokens == 0 || v.heads == 0) return 0;
   return (v.tokens - 1) * v.token_stride + (v.heads - 1) * v.head_stride + v.head_dim;
-}
-template <class T>
-std::size_t span_elements(const View<T>& v) noexcept {
-  return span_elements(extent(v));
 }
 
 // Whether a * b > limit, exactly, without a division: a 64-bit division is
@@ -154,10 +146,6 @@ inline bool disjoint(const Extent& a, const Extent& b) noexcept {
   }
   return true;
 }
-template <class A, class B>
-bool disjoint(const View<A>& a, const View<B>& b) noexcept {
-  return disjoint(extent(a), extent(b));
-}
 
 // An output view must share no element with another view of the same call.
 inline void check_disjoint(const char* fn, const char* out_name, const Extent& out, const char* other_name,
@@ -188,8 +176,7 @@ inline void check_passes(const char* fn, const void* passes, PassExtent view, st
     check_view(fn, in_names[i], in);
     check_view(fn, out_names[i], out);
     if (in.tokens != out.tokens || in.heads != out.heads || in.head_dim != out.head_dim) {
-      fail(fn, {out_names[i], "'s shape"},
-           {"the shape of ", in_names[i], " [", in.tokens, ", ", in.heads, ", ", in.head_dim, "]"}, shape_text(out));
+      fail(fn, {out_names[i], "'s shape"}, {"the shape of ", in_names[i], " ", shape_text(in)}, shape_text(out));
     }
   }
   for (std::size_t i = 0; i < count; ++i) {
