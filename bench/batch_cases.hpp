@@ -133,13 +133,13 @@ struct BatchCase : Held {
   rope_bench::LineVector<float> k_scales, v_scales;
   ra::PagedCache<E> cache;
   rope_bench::LineVector<float> q, out;
-  rope_bench::LineVector<std::uint32_t> words;  // as many bytes as a call reads, for the paired read
+  std::size_t page_size = 0;
 
   BatchCase(std::vector<std::int64_t> lens, Layout layout) : lengths(std::move(lens)) {
     const std::size_t n = lengths.size();
     q_starts.resize(n + 1);
     std::iota(q_starts.begin(), q_starts.end(), std::int64_t{0});
-    std::size_t pages = 0, page_size = 0;
+    std::size_t pages = 0;
     if (layout == Layout::contiguous) {
       page_size = static_cast<std::size_t>(*std::max_element(lengths.begin(), lengths.end()));
       pages = n;
@@ -177,7 +177,7 @@ struct BatchCase : Held {
     }
     cache.k = ra::PagePool<E>::nhd(k.data(), pages, page_size, kKvHeads, kHeadDim, ks);
     cache.v = ra::PagePool<E>::nhd(v.data(), pages, page_size, kKvHeads, kHeadDim, vs);
-    fill(page_size);
+    fill();
     Noise noise{7};
     q.resize(n * kQHeads * kHeadDim);
     for (float& x : q) x = noise();
@@ -186,7 +186,7 @@ struct BatchCase : Held {
 
   // Each sequence's rows written through write_slots, a chunk of tokens at a
   // time, rounded into E as an engine's projection would store them.
-  void fill(std::size_t page_size) {
+  void fill() {
     constexpr std::size_t kChunk = 512;
     std::vector<float> kn(kChunk * kKvHeads * kHeadDim), vn(kn.size());
     std::vector<std::int64_t> slots(kChunk);
@@ -209,6 +209,37 @@ struct BatchCase : Held {
                         cache);
       }
     }
+  }
+
+  // Calls run(p, bytes) for each run of memory a call reads: each
+  // sequence's pages in its block table's order, the K rows of a page's
+  // tokens, their V rows (and int8 scales).
+  template <class Run>
+  void each_run(Run run) const {
+    const std::size_t row = kKvHeads * kHeadDim;  // values of a token, all heads
+    for (std::size_t b = 0; b < lengths.size(); ++b) {
+      const std::size_t len = static_cast<std::size_t>(lengths[b]);
+      for (std::size_t j0 = 0; j0 < len; j0 += page_size) {
+        const std::size_t first = static_cast<std::size_t>(block_table[b * stride + j0 / page_size]) * page_size;
+        const std::size_t n = std::min(page_size, len - j0);
+        run(k.data() + first * row, n * row * sizeof(E));
+        run(v.data() + first * row, n * row * sizeof(E));
+        if (rope::KvElement<E>::kScaled) {
+          run(k_scales.data() + first * kKvHeads, n * kKvHeads * sizeof(float));
+          run(v_scales.data() + first * kKvHeads, n * kKvHeads * sizeof(float));
+        }
+      }
+    }
+  }
+
+  // One SIMD pass summing, as 32-bit words, exactly the bytes a call reads,
+  // where they lie in the cache.
+  std::uint32_t read() const {
+    std::uint32_t s = 0;
+    each_run([&](const void* p, std::size_t bytes) {
+      s += sum_words(static_cast<const std::uint32_t*>(p), bytes / sizeof(std::uint32_t));
+    });
+    return s;
   }
 
   ra::Batch batch() const noexcept {
@@ -241,18 +272,23 @@ struct BatchCall {
   }
 };
 
-// A batch case, paired (paired.hpp) on one thread with a read of as many
-// bytes as it reads (counter vs_read), on more with the same call on one
-// thread (counter vs_T1).
+// A batch case, paired (paired.hpp) on one thread with a read of the bytes
+// it reads, in its own cache (counter vs_read), on more with the same call
+// on one thread (counter vs_T1).
 template <class E>
 void batch_case(benchmark::State& state, std::vector<std::int64_t> lengths, Layout layout, std::size_t threads,
                 std::string key) {
   auto& c = hold<BatchCase<E>>(key, [&] { return std::make_unique<BatchCase<E>>(lengths, layout); });
   BatchCall<E> call(c, threads);
   if (threads == 1) {
-    if (c.words.empty()) c.words = read_words(kv_bytes<E>(c.lengths));
+    std::size_t bytes = 0;
+    c.each_run([&](const void*, std::size_t n) { bytes += n; });
+    if (bytes != kv_bytes<E>(c.lengths)) {
+      state.SkipWithError("the paired read does not cover the bytes the call reads");
+      return;
+    }
     const auto read = [&] {
-      std::uint32_t s = sum_words(c.words.data(), c.words.size());
+      std::uint32_t s = c.read();
       benchmark::DoNotOptimize(s);
     };
     rope_bench::paired(state, "vs_read", 1, read, call);
