@@ -86,9 +86,10 @@ std::vector<std::size_t> dims() {
 }
 
 // Where channel c of a row of d channels lands in plane order, from the
-// header's definition: base + P*i + k -> base + k*lanes + i below d - d % W.
-std::size_t plane_index(std::size_t c, std::size_t d, std::size_t P, std::size_t lanes) {
-  const std::size_t W = P * lanes, full = d - d % W;
+// header's definition: base + P*i + k -> base + k*lanes + i below d - d % W;
+// c itself where the planes are in channel order.
+std::size_t plane_index(std::size_t c, std::size_t d, std::size_t P, std::size_t lanes, bool in_order) {
+  const std::size_t W = P * lanes, full = in_order ? 0 : d - d % W;
   if (c >= full) return c;
   const std::size_t base = c - c % W, i = (c % W) / P, k = (c % W) % P;
   return base + k * lanes + i;
@@ -105,7 +106,9 @@ void check_permute() {
     rope::unpermute_row<E, Arch>(planes.data(), d, back.data());
     ASSERT_TRUE(planes.guards_intact() && back.guards_intact()) << element_name<E>() << " d " << d;
     for (std::size_t c = 0; c < d; ++c) {
-      ASSERT_EQ(std::memcmp(&planes.data()[plane_index(c, d, P, lanes)], &x[c], sizeof(float)), 0)
+      ASSERT_EQ(std::memcmp(&planes.data()[plane_index(c, d, P, lanes, rope::detail::KvPlanes<E, Arch>::kInOrder)],
+                            &x[c], sizeof(float)),
+                0)
           << Arch::name() << " " << element_name<E>() << " d " << d << " channel " << c;
       ASSERT_EQ(std::memcmp(&back.data()[c], &x[c], sizeof(float)), 0)
           << Arch::name() << " " << element_name<E>() << " d " << d << " channel " << c;
@@ -118,7 +121,8 @@ TYPED_TEST(KvRows, PermuteIsThePlaneOrderAndUnpermuteItsInverse) {
 }
 
 // The planes of a block, for every bit pattern of the 16-bit types and
-// every int8: value P*i + k in lane i of plane k, widened as the scalar
+// every int8: value P*i + k in lane i of plane k (value k*lanes + i where
+// the planes are in channel order), widened as the scalar
 // widen_value widens it, bit for bit; a NaN a NaN (AVX-512 widens binary16
 // with vcvtph2ps, which makes a signaling NaN quiet).
 template <class E, class Arch>
@@ -146,14 +150,14 @@ void check_planes() {
     for (std::size_t k = 0; k < P; ++k) planes[k].store_unaligned(got[k]);
     for (std::size_t i = 0; i < lanes; ++i) {
       for (std::size_t k = 0; k < P; ++k) {
-        const E x = all[base + P * i + k];
-        const float want = rope::detail::widen_value(x);
+        const std::size_t at = base + (rope::detail::KvPlanes<E, Arch>::kInOrder ? k * lanes + i : P * i + k);
+        const float want = rope::detail::widen_value(all[at]);
         const float g = got[k][i];
         if (std::isnan(want)) {
-          ASSERT_TRUE(std::isnan(g)) << Arch::name() << " " << element_name<E>() << " value " << base + P * i + k;
+          ASSERT_TRUE(std::isnan(g)) << Arch::name() << " " << element_name<E>() << " value " << at;
         } else {
-          ASSERT_EQ(std::memcmp(&g, &want, sizeof(float)), 0) << Arch::name() << " " << element_name<E>() << " value "
-                                                              << base + P * i + k << ": " << g << " vs " << want;
+          ASSERT_EQ(std::memcmp(&g, &want, sizeof(float)), 0)
+              << Arch::name() << " " << element_name<E>() << " value " << at << ": " << g << " vs " << want;
         }
       }
     }
