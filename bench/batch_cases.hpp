@@ -272,14 +272,32 @@ struct BatchCall {
   }
 };
 
+// The two layouts of one batch, each built when a case first asks for it.
+template <class E>
+struct BatchCaches : Held {
+  std::vector<std::int64_t> lengths;
+  std::unique_ptr<BatchCase<E>> layouts[2];
+  explicit BatchCaches(std::vector<std::int64_t> lens) : lengths(std::move(lens)) {}
+  BatchCase<E>& get(Layout layout) {
+    auto& c = layouts[layout == Layout::paged ? 1 : 0];
+    if (!c) c = std::make_unique<BatchCase<E>>(lengths, layout);
+    return *c;
+  }
+};
+
 // A batch case, paired (paired.hpp) on one thread with a read of the bytes
 // it reads, in its own cache (counter vs_read), on more with the same call
-// on one thread (counter vs_T1).
+// on one thread (counter vs_T1); a paged case also with the contiguous
+// case of the same threads (counter vs_contiguous). key names the batch:
+// its two layouts are held together.
 template <class E>
 void batch_case(benchmark::State& state, std::vector<std::int64_t> lengths, Layout layout, std::size_t threads,
                 std::string key) {
-  auto& c = hold<BatchCase<E>>(key, [&] { return std::make_unique<BatchCase<E>>(lengths, layout); });
+  auto& caches = hold<BatchCaches<E>>(key, [&] { return std::make_unique<BatchCaches<E>>(lengths); });
+  BatchCase<E>& c = caches.get(layout);
   BatchCall<E> call(c, threads);
+  std::unique_ptr<BatchCall<E>> baseline;
+  std::vector<rope_bench::BaselineCall> baselines;
   if (threads == 1) {
     std::size_t bytes = 0;
     c.each_run([&](const void*, std::size_t n) { bytes += n; });
@@ -287,15 +305,20 @@ void batch_case(benchmark::State& state, std::vector<std::int64_t> lengths, Layo
       state.SkipWithError("the paired read does not cover the bytes the call reads");
       return;
     }
-    const auto read = [&] {
-      std::uint32_t s = c.read();
-      benchmark::DoNotOptimize(s);
-    };
-    rope_bench::paired(state, "vs_read", 1, read, call);
+    baselines.push_back({"vs_read", [&] {
+                           std::uint32_t s = c.read();
+                           benchmark::DoNotOptimize(s);
+                         }});
   } else {
-    BatchCall<E> one(c, 1);
-    rope_bench::paired(state, "vs_T1", 1, one, call);
+    baseline = std::make_unique<BatchCall<E>>(c, 1);
+    baselines.push_back({"vs_T1", [&] { (*baseline)(); }});
   }
+  std::unique_ptr<BatchCall<E>> contiguous;
+  if (layout == Layout::paged && caches.lengths.size() > 1) {
+    contiguous = std::make_unique<BatchCall<E>>(caches.get(Layout::contiguous), threads);
+    baselines.push_back({"vs_contiguous", [&] { (*contiguous)(); }});
+  }
+  rope_bench::paired(state, baselines, call);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(kv_bytes<E>(c.lengths)));
 }

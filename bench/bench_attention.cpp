@@ -1,7 +1,9 @@
 // attention/...: the multi-head attention calls of an inference engine, f32,
 // RoPE on Q and K (rotate_half), rope::View tensors [tokens, heads, d]:
 //   prefill/softmax/T<n>      causal softmax, 32 query / 8 key-value heads,
-//                             d = 128, L = 1024, on n threads
+//                             d = 128, L = 1024, on n threads; T1 also
+//                             timed against gemm_same_flops in the same
+//                             iterations (counter vs_gemm, paired.hpp)
 //   prefill/gemm_same_flops   bare Eigen GEMMs doing the same multiply-adds
 //                             (per key/value head: [4L x d] x [d x L/2] and
 //                             [4L x L/2] x [L/2 x d]): the compute ceiling
@@ -26,6 +28,8 @@
 
 #include <rope/attention.hpp>
 
+#include "paired.hpp"
+
 namespace {
 
 namespace ra = rope::attention;
@@ -49,6 +53,29 @@ void set_gflops(benchmark::State& state, double flops) {
 constexpr std::size_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
 constexpr std::size_t kPrefill = 1024, kCache = 4096;
 
+// The bare GEMMs of prefill_gemm: per key/value head, the scores of its 4
+// query heads' rows against half the keys (the causal count), then those
+// scores times the values.
+struct PrefillGemm {
+  const std::size_t group = kQHeads / kKvHeads;
+  const Eigen::Index rows = static_cast<Eigen::Index>(group * kPrefill), half = static_cast<Eigen::Index>(kPrefill / 2),
+                     d = static_cast<Eigen::Index>(kHeadDim);
+  const ra::Matrix<float> q = ra::Matrix<float>::Random(rows, d), k = ra::Matrix<float>::Random(half, d),
+                          v = ra::Matrix<float>::Random(half, d);
+  ra::Matrix<float> s = ra::Matrix<float>(rows, half), out = ra::Matrix<float>(rows, d);
+
+  double flops() const { return 2.0 * 2.0 * double(rows) * double(half) * double(d) * kKvHeads; }
+  void operator()() {
+    for (std::size_t g = 0; g < kKvHeads; ++g) {
+      s.noalias() = q * k.transpose();
+      out.noalias() = s * v;
+      benchmark::DoNotOptimize(out.data());
+    }
+  }
+};
+
+// On one thread timed against the bare GEMMs in the same iterations
+// (paired.hpp): counter vs_gemm, its GFLOP/s over theirs.
 void prefill_softmax(benchmark::State& state, std::size_t threads) {
   const std::size_t l = kPrefill;
   const rope::Table<float> table(rope::frequencies(kHeadDim, 500000.0), l);
@@ -59,31 +86,28 @@ void prefill_softmax(benchmark::State& state, std::size_t threads) {
   o.causal = true;
   o.threads = threads;
   const ra::Rotation<float> rotation{&table, rope::Style::rotate_half};
-  for (auto _ : state) {
+  const auto run = [&] {
     ra::softmax<float>(rope::View<const float>::token_major(q.data(), l, kQHeads, kHeadDim),
                        rope::View<const float>::token_major(k.data(), l, kKvHeads, kHeadDim),
                        rope::View<const float>::token_major(v.data(), l, kKvHeads, kHeadDim),
                        rope::View<float>::token_major(out.data(), l, kQHeads, kHeadDim), rotation, o);
     benchmark::DoNotOptimize(out.data());
+  };
+  const double flops = 2.0 * causal_pairs(l) * 2.0 * kHeadDim * kQHeads;
+  if (threads == 1) {
+    PrefillGemm gemm;
+    rope_bench::paired(state, "vs_gemm", 1, gemm, run);
+    state.counters["vs_gemm"] = state.counters["vs_gemm"] * flops / gemm.flops();
+  } else {
+    for (auto _ : state) run();
   }
-  set_gflops(state, 2.0 * causal_pairs(l) * 2.0 * kHeadDim * kQHeads);
+  set_gflops(state, flops);
 }
 
 void prefill_gemm(benchmark::State& state) {
-  const std::size_t l = kPrefill, group = kQHeads / kKvHeads;
-  const auto rows = static_cast<Eigen::Index>(group * l), half = static_cast<Eigen::Index>(l / 2),
-             d = static_cast<Eigen::Index>(kHeadDim);
-  const ra::Matrix<float> q = ra::Matrix<float>::Random(rows, d), k = ra::Matrix<float>::Random(half, d),
-                          v = ra::Matrix<float>::Random(half, d);
-  ra::Matrix<float> s(rows, half), out(rows, d);
-  for (auto _ : state) {
-    for (std::size_t g = 0; g < kKvHeads; ++g) {
-      s.noalias() = q * k.transpose();
-      out.noalias() = s * v;
-      benchmark::DoNotOptimize(out.data());
-    }
-  }
-  set_gflops(state, 2.0 * 2.0 * double(rows) * double(half) * double(d) * kKvHeads);
+  PrefillGemm gemm;
+  for (auto _ : state) gemm();
+  set_gflops(state, gemm.flops());
 }
 
 struct DecodeCase {
@@ -197,10 +221,14 @@ void sweep(benchmark::State& state, Sweep kind, std::size_t l) {
 
 const bool kRegistered = [] {
   for (const std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
-    benchmark::RegisterBenchmark(("attention/prefill/softmax/T" + std::to_string(threads)).c_str(), prefill_softmax,
-                                 threads)
-        ->Unit(benchmark::kMillisecond)
-        ->UseRealTime();
+    auto* b = benchmark::RegisterBenchmark(("attention/prefill/softmax/T" + std::to_string(threads)).c_str(),
+                                           prefill_softmax, threads)
+                  ->Unit(benchmark::kMillisecond);
+    if (threads == 1) {
+      b->UseManualTime();
+    } else {
+      b->UseRealTime();
+    }
   }
   benchmark::RegisterBenchmark("attention/prefill/gemm_same_flops", prefill_gemm)
       ->Unit(benchmark::kMillisecond)

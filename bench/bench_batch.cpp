@@ -21,13 +21,14 @@
 //                                    pages of 16, shuffled
 //
 // Bytes processed: the K and V bytes read (and the int8 scales), the same for
-// both layouts. Each case on one thread is also timed against the read of
-// its bytes, and each on two threads against itself on one, in the same
-// iterations (counters vs_read and vs_T1, paired.hpp): the report reads
-// those. The caches are big (f32: 268 MB for 32k tokens, the
-// contiguous one reserves 4x that), so one is held at a time: the cases of
-// one cache run one after another and share it, the next case frees it
-// before building its own.
+// both layouts. In the same iterations (paired.hpp), each case on one
+// thread is also timed against a read of the bytes it reads, where they lie
+// in its cache (counter vs_read); each on two threads against itself on one
+// (vs_T1); each paged case against the contiguous one of the same threads
+// (vs_contiguous). The report reads those. The caches are big (f32: 268 MB
+// for 32k tokens, the contiguous one reserves 4x that), so one batch is held
+// at a time, both layouts: the cases of one storage type run one after
+// another and share them, the next type frees them before building its own.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -69,10 +70,10 @@ void register_kv() {
   const std::string kv = KvName<E>::value;
   const std::vector<std::int64_t> lengths(std::begin(kBatchLengths), std::end(kBatchLengths));
   for (const Layout layout : {Layout::contiguous, Layout::paged}) {
-    const std::string key = kv + (layout == Layout::paged ? "/paged" : "/contiguous");
+    const std::string name = kv + (layout == Layout::paged ? "/paged" : "/contiguous");
     for (const std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
-      benchmark::RegisterBenchmark(("attention/batch_decode/" + key + "/T" + std::to_string(threads)).c_str(),
-                                   batch_case<E>, lengths, layout, threads, "batch/" + key)
+      benchmark::RegisterBenchmark(("attention/batch_decode/" + name + "/T" + std::to_string(threads)).c_str(),
+                                   batch_case<E>, lengths, layout, threads, "batch/" + kv)
           ->Unit(benchmark::kMillisecond)
           ->UseManualTime();
     }

@@ -20,6 +20,8 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
+#include <vector>
 
 namespace rope_bench {
 
@@ -47,6 +49,36 @@ void paired(benchmark::State& state, const char* name, std::size_t calls, Baseli
     state.SetIterationTime(seconds);
   }
   state.counters[name] = case_seconds > 0.0 ? baseline_seconds / case_seconds : 0.0;
+}
+
+// A case timed against several baselines, each in every iteration before
+// the case, one call each: a counter per baseline (its name), as paired's.
+struct BaselineCall {
+  const char* name;
+  std::function<void()> run;
+};
+template <class Case>
+void paired(benchmark::State& state, const std::vector<BaselineCall>& baselines, Case&& run) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<double> baseline_seconds(baselines.size(), 0.0);
+  double case_seconds = 0.0;
+  for (auto _ : state) {
+    std::size_t i = 0;
+    for (const BaselineCall& b : baselines) {
+      const auto t0 = Clock::now();
+      b.run();
+      baseline_seconds[i++] += std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    const auto t0 = Clock::now();
+    run();
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    case_seconds += seconds;
+    state.SetIterationTime(seconds);
+  }
+  std::size_t i = 0;
+  for (const BaselineCall& b : baselines) {
+    state.counters[b.name] = case_seconds > 0.0 ? baseline_seconds[i++] / case_seconds : 0.0;
+  }
 }
 
 template <class Baseline, class Case>
