@@ -221,8 +221,13 @@ class SoftmaxTile {
       if (uniform) {
         // The full range cut at multiples of kGranule keys: GEMMs of odd
         // widths are slow, and a few masked keys more cost less.
+        // The full range's last tile, when narrower than bk, joins the
+        // masked end if both fit in one tile (a causal block's diagonal):
+        // one wide GEMM instead of two narrow ones.
         const std::size_t full_lo = std::min(min_hi, (max_lo + kGranule - 1) / kGranule * kGranule);
-        const std::size_t full_hi = std::max(full_lo, min_hi / kGranule * kGranule);
+        std::size_t full_hi = std::max(full_lo, min_hi / kGranule * kGranule);
+        const std::size_t narrow = (full_hi - full_lo) % bk;
+        if (narrow != 0 && narrow + (max_hi - full_hi) <= bk) full_hi -= narrow;
         sweep(min_lo, full_lo, bk, true);
         sweep(full_lo, full_hi, bk, false);
         sweep(full_hi, max_hi, bk, true);
@@ -458,6 +463,17 @@ class SoftmaxTile {
 
   // Sets the entries of masked keys to `value`.
   void mask(Eigen::Ref<Matrix<T>> s, std::size_t j0, std::size_t n, T value) const {
+    if (plan_.sorted) {
+      // Each token's rows outside its visible range within [j0, j0 + n).
+      for (std::size_t t = 0; t < tokens_; ++t) {
+        const std::size_t lo = std::clamp(ws_.lo[t], j0, j0 + n) - j0,
+                          hi = std::max(lo, std::clamp(ws_.hi[t], j0, j0 + n) - j0);
+        auto rows = s.middleRows(static_cast<Eigen::Index>(t * group_), static_cast<Eigen::Index>(group_));
+        rows.leftCols(static_cast<Eigen::Index>(lo)).setConstant(value);
+        rows.rightCols(static_cast<Eigen::Index>(n - hi)).setConstant(value);
+      }
+      return;
+    }
     for (std::size_t t = 0; t < tokens_; ++t) {
       for (std::size_t j = 0; j < n; ++j) {
         if (!visible(t, j0 + j)) {
