@@ -45,7 +45,8 @@ void dispatch_case(benchmark::State& state, QkShape shape, Placement placement, 
 
 template <class E>
 void batch_dispatch_case(benchmark::State& state, std::vector<std::int64_t> lengths, std::string key) {
-  auto& c = hold<BatchCase<E>>(key, [&] { return std::make_unique<BatchCase<E>>(lengths, Layout::paged); });
+  auto& caches = hold<BatchCaches<E>>(key, [&] { return std::make_unique<BatchCaches<E>>(lengths); });
+  BatchCase<E>& c = caches.get(Layout::paged);
   BatchCall<E> call(c, 1);
   const auto native = [&] {
     rope_bench::native_softmax_batch(call.q, c.cache, call.batch, call.out, call.options, &call.workspace);

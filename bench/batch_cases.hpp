@@ -111,9 +111,11 @@ struct Held {
 std::unique_ptr<Held> g_held;
 std::string g_held_key;
 
+// What is held under a key is rebuilt if a case asks for it as another
+// type (cases that share a key must hold the same T to share it).
 template <class T, class Make>
 T& hold(const std::string& key, Make make) {
-  if (g_held_key != key) {
+  if (g_held_key != key || dynamic_cast<T*>(g_held.get()) == nullptr) {
     g_held.reset();  // free the last case's cache before building this one
     g_held_key.clear();
     g_held = make();
