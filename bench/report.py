@@ -125,6 +125,13 @@ class Report:
             return
         describe, ok = target
         verdict = "n/a" if value is None else ("PASS" if ok(value) else "MISS")
+        if value is not None and fmt == "{:.2f}x":
+            # A value that rounds onto the other side of its target (0.7995x
+            # against >= 0.8x) gets the digits that show why it missed.
+            digits = 2
+            while digits < 6 and ok(float(text[:-1])) != ok(value):
+                digits += 1
+                text = "{:.{}f}x".format(value, digits)
         self.rows.append((section, figure, shape, text, describe, verdict))
 
     def ratio(self, section, figure, shape, a, b, basis="items", target=None, paired=None):
