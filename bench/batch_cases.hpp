@@ -320,7 +320,7 @@ void batch_case(benchmark::State& state, std::vector<std::int64_t> lengths, Layo
     contiguous = std::make_unique<BatchCall<E>>(caches.get(Layout::contiguous), threads);
     baselines.push_back({"vs_contiguous", [&] { (*contiguous)(); }});
   }
-  rope_bench::paired(state, baselines, call);
+  rope_bench::paired(state, 1, baselines, call, [] {});
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(kv_bytes<E>(c.lengths)));
 }
