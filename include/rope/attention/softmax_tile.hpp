@@ -445,15 +445,22 @@ class SoftmaxTile {
     }
   }
 
+  // Sorted keys: the keys [j0 + lo, j0 + hi) of [j0, j0 + n) are the ones
+  // token t sees (lo == hi when none).
+  void visible_span(std::size_t t, std::size_t j0, std::size_t n, std::size_t& lo, std::size_t& hi) const noexcept {
+    lo = std::clamp(ws_.lo[t], j0, j0 + n) - j0;
+    hi = std::max(lo, std::clamp(ws_.hi[t], j0, j0 + n) - j0);
+  }
+
   // Zeroes the weights of the keys token t does not see.
   template <class Row>
   void mask_row(Row& row, std::size_t t, std::size_t j0, std::size_t n) const {
     if (plan_.sorted) {
       // The token's visible range within [j0, j0 + n): zero what is outside.
-      const std::size_t lo = std::clamp(ws_.lo[t], j0, j0 + n) - j0, hi = std::clamp(ws_.hi[t], j0, j0 + n) - j0;
+      std::size_t lo, hi;
+      visible_span(t, j0, n, lo, hi);
       row.head(static_cast<Eigen::Index>(lo)).setZero();
-      row.segment(static_cast<Eigen::Index>(std::max(lo, hi)), static_cast<Eigen::Index>(n - std::max(lo, hi)))
-          .setZero();
+      row.tail(static_cast<Eigen::Index>(n - hi)).setZero();
       return;
     }
     for (std::size_t j = 0; j < n; ++j) {
@@ -466,8 +473,8 @@ class SoftmaxTile {
     if (plan_.sorted) {
       // Each token's rows outside its visible range within [j0, j0 + n).
       for (std::size_t t = 0; t < tokens_; ++t) {
-        const std::size_t lo = std::clamp(ws_.lo[t], j0, j0 + n) - j0,
-                          hi = std::max(lo, std::clamp(ws_.hi[t], j0, j0 + n) - j0);
+        std::size_t lo, hi;
+        visible_span(t, j0, n, lo, hi);
         auto rows = s.middleRows(static_cast<Eigen::Index>(t * group_), static_cast<Eigen::Index>(group_));
         rows.leftCols(static_cast<Eigen::Index>(lo)).setConstant(value);
         rows.rightCols(static_cast<Eigen::Index>(n - hi)).setConstant(value);
