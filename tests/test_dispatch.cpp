@@ -44,6 +44,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <random>
 #include <stdexcept>
@@ -521,6 +522,55 @@ TYPED_TEST(DispatchAttend, EveryAvailableInstructionSetAttendsWithinFloatRoundin
   }
   rope::dispatch::uninstall();
   EXPECT_EQ(rope::detail::installed_attend<TypeParam>(), nullptr) << "uninstalled: the compiled-in path";
+}
+
+// attend_keys rounds each part of its work up to whole cache lines, so that
+// rows start on one when work does; the bits must not depend on where work
+// starts. A chunk of 63 keys makes the scores' part (8 x 63 floats) end
+// inside a line; the floats around work must stay as they were.
+TYPED_TEST(DispatchAttend, EveryInstructionSetGivesTheSameBitsWhereverItsWorkStarts) {
+  AttendCase<TypeParam> c;
+  c.keys.chunk = 63;
+  const std::size_t size = rope::attend_work(c.kHeads, c.kDim, c.kDim, c.keys.chunk);
+  std::vector<std::string> archs = rope::dispatch::available();
+  archs.push_back("");  // this program's compiled-in path
+  for (const auto& arch : archs) {
+    rope::detail::AttendKeys<TypeParam> attend = nullptr;
+    if (!arch.empty()) {
+      rope::dispatch::force(arch);
+      attend = rope::detail::installed_attend<TypeParam>();
+      ASSERT_NE(attend, nullptr) << arch;
+    }
+    std::vector<float> first;
+    for (std::size_t offset = 0; offset < 16; ++offset) {
+      std::vector<float> buffer(size + offset + 32, -1.5f);
+      const std::size_t skew = reinterpret_cast<std::uintptr_t>(buffer.data()) % 64 / sizeof(float);
+      const std::size_t start = (16 - skew) % 16 + offset;
+      float* work = buffer.data() + start;
+      std::vector<float> m(c.kHeads), l(c.kHeads), acc(c.kHeads * c.kDim);
+      if (attend != nullptr) {
+        attend(c.keys, c.q.data(), work, m.data(), l.data(), acc.data());
+      } else {
+        rope::attend_keys<TypeParam>(c.keys, c.q.data(), work, m.data(), l.data(), acc.data());
+      }
+      for (std::size_t i = 0; i < buffer.size(); ++i) {
+        if (i < start || i >= start + size) {
+          ASSERT_EQ(buffer[i], -1.5f) << (arch.empty() ? "compiled-in" : arch) << ": work " << offset
+                                      << " floats past a line, float " << i << " outside its work written";
+        }
+      }
+      std::vector<float> got = acc;
+      got.insert(got.end(), m.begin(), m.end());
+      got.insert(got.end(), l.begin(), l.end());
+      if (offset == 0) {
+        first = got;
+      } else {
+        ASSERT_EQ(std::memcmp(got.data(), first.data(), got.size() * sizeof(float)), 0)
+            << (arch.empty() ? "compiled-in" : arch) << ": work " << offset << " floats past a line";
+      }
+    }
+  }
+  rope::dispatch::uninstall();
 }
 
 TYPED_TEST(DispatchAttend, BaselineForcedEqualsThisProgramsHeaderOnlyPath) {

@@ -50,6 +50,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../detail/lines.hpp"
 #include "../detail/parallel.hpp"
 #include "../detail/prefetch.hpp"
 #include "../detail/stream.hpp"
@@ -566,12 +567,10 @@ void norm_rope_append(const View<InV>& q_view, const View<InV>& k_view, const Vi
   // Per worker: a token's rows (the writer's scratch), then its gathered
   // cos/sin (multi-axis), each worker's on 64-byte lines of its own: no
   // vector of a row splits across two lines, no two workers write one line.
-  constexpr std::size_t kLineFloats = 64 / sizeof(float);
   const std::size_t rows = std::max(q.heads * q.head_dim, writer.scratch_size());
-  const std::size_t per = (rows + (angles.multi ? rotary_dim : 0) + kLineFloats - 1) / kLineFloats * kLineFloats;
-  std::vector<float> buffer(workers * per + kLineFloats);
-  const std::size_t skew = reinterpret_cast<std::uintptr_t>(buffer.data()) % 64 / sizeof(float);
-  float* const scratch = buffer.data() + (kLineFloats - skew) % kLineFloats;
+  const std::size_t per = rope::detail::line_floats(rows + (angles.multi ? rotary_dim : 0));
+  std::vector<float> buffer(workers * per + rope::detail::kLineFloats);
+  float* const scratch = rope::detail::line_start(buffer);
   // Worker w takes the contiguous share of tokens parallel_for would give
   // it, and orders its streamed rows before the join.
   rope::detail::parallel_for(workers, workers, options.executor, [&](std::size_t w, std::size_t) {

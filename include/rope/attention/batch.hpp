@@ -55,6 +55,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../detail/lines.hpp"
 #include "../detail/parallel.hpp"
 #include "../kernels/kv_rows.hpp"
 #include "../tensor/dispatch_table.hpp"
@@ -307,19 +308,23 @@ struct BatchScratch {
   float* row;   // max(d, dv): one widened row, or one output row
 };
 
+// Each part starts on a cache line (line_floats), and so does each
+// worker's scratch: the rows are read with whole vector loads, and two
+// workers never write to one line.
 inline std::size_t scratch_floats(const BatchPlan& p) noexcept {
-  return p.q_heads * p.d + attend_work(p.q_heads, p.d, p.dv, p.chunk) + p.q_heads * p.dv + 2 * p.q_heads +
-         std::max(p.d, p.dv);
+  return rope::detail::line_floats(p.q_heads * p.d) + attend_work(p.q_heads, p.d, p.dv, p.chunk) +
+         rope::detail::line_floats(p.q_heads * p.dv) + 2 * rope::detail::line_floats(p.q_heads) +
+         rope::detail::line_floats(std::max(p.d, p.dv));
 }
 
 inline BatchScratch scratch_at(float* base, const BatchPlan& p) noexcept {
   BatchScratch s;
   s.q = base;
-  s.work = s.q + p.q_heads * p.d;
+  s.work = s.q + rope::detail::line_floats(p.q_heads * p.d);
   s.acc = s.work + attend_work(p.q_heads, p.d, p.dv, p.chunk);
-  s.m = s.acc + p.q_heads * p.dv;
-  s.l = s.m + p.q_heads;
-  s.row = s.l + p.q_heads;
+  s.m = s.acc + rope::detail::line_floats(p.q_heads * p.dv);
+  s.l = s.m + rope::detail::line_floats(p.q_heads);
+  s.row = s.l + rope::detail::line_floats(p.q_heads);
   return s;
 }
 
@@ -460,9 +465,9 @@ void run_batch(const View<const Q>& q, const PagedCache<E>& cache, const Batch& 
   ws.partials.resize(partials * plan.q_heads * (plan.dv + 2));
   const std::size_t workers = std::max<std::size_t>(1, plan.threads);
   const std::size_t per = scratch_floats(plan);
-  ws.scratch.resize(workers * per);
+  ws.scratch.resize(workers * per + rope::detail::kLineFloats);
   const BatchRun<Q, E, O, Arch> run(q, cache, batch, out, o, plan, ws);
-  float* base = ws.scratch.data();
+  float* base = rope::detail::line_start(ws.scratch);
   parallel_for(ws.items.size(), plan.threads, o.executor,
                [&](std::size_t i, std::size_t w) { run.item(i, scratch_at(base + w * per, plan)); });
   parallel_for(ws.merges.size(), plan.threads, o.executor,

@@ -48,6 +48,7 @@
 
 #include "../detail/half_lanes.hpp"
 #include "../detail/inline.hpp"
+#include "../detail/lines.hpp"
 #include "../detail/prefetch.hpp"
 #include "../detail/simd.hpp"
 #include "../half.hpp"
@@ -488,9 +489,15 @@ constexpr std::size_t kAttendMaxChunk = 64;
 // flight (about 20% slower), into L1 they evicted the query rows and sums.
 constexpr std::size_t kAttendAhead = 4;
 
-// The floats attend_keys works in: q_heads * (d + chunk + dv).
+// The floats attend_keys works in: the query rows (q_heads * d), the
+// chunk's scores (q_heads * chunk) and the sums (q_heads * dv), each part on
+// whole cache lines (detail/lines.hpp), so that where work starts on a line
+// no vector load of a query row or a sum straddles two lines when d and dv
+// are multiples of the lanes. Any alignment gives the same bits; with work
+// 48 bytes past a line, a bf16 step over a cache in L2 (32/8 heads, d 128)
+// took about 25% longer here.
 constexpr std::size_t attend_work(std::size_t q_heads, std::size_t d, std::size_t dv, std::size_t chunk) noexcept {
-  return q_heads * (d + chunk + dv);
+  return detail::line_floats(q_heads * d) + detail::line_floats(q_heads * chunk) + detail::line_floats(q_heads * dv);
 }
 
 // The online softmax of q_heads query rows (q: q_heads x d floats, channel
@@ -503,7 +510,8 @@ constexpr std::size_t attend_work(std::size_t q_heads, std::size_t d, std::size_
 // key/value head (a token's rows in memory order), its weights exp(s - m)
 // relative to the running max, the earlier sums scaled by exp(m_old -
 // m_new) when the max grows, then its values weighted head by head over
-// the whole chunk (weighted_kv_rows, whatever pages it spans).
+// the whole chunk (weighted_kv_rows, whatever pages it spans). work holds
+// attend_work(...) floats, best from a cache line on (see there).
 namespace detail {
 
 // Where a chunk's tokens are: the slot of each and where its key and value
@@ -538,8 +546,8 @@ void attend_keys(const KvKeys<E>& a, const float* q, float* work, float* m, floa
   const std::size_t H = a.q_heads, Hk = a.kv_heads, G = H / Hk, d = a.d, dv = a.dv, S = a.chunk;
   const std::size_t end = a.first_key + a.keys;
   float* qp = work;
-  float* scores = qp + H * d;
-  float* ap = scores + H * S;
+  float* scores = qp + detail::line_floats(H * d);
+  float* ap = scores + detail::line_floats(H * S);
   for (std::size_t h = 0; h < H; ++h) {
     permute_row<E, Arch>(q + h * d, d, qp + h * d);
     m[h] = -std::numeric_limits<float>::infinity();
