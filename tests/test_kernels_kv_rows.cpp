@@ -418,6 +418,71 @@ TYPED_TEST(KvRows, FoldSumsSumsEachBatchWithTheBitsOfItsSumAlone) {
   if constexpr (L >= 16) check_fold_sums<16, Arch>();
 }
 
+// attend_keys' chunks compiled for head_dim 128 with 4 or 8 query heads per
+// key/value head against its loops for any shape: the same bytes of (m, l,
+// acc), over pages given out of order, a first key inside a page, whole and
+// partial chunks, with and without a softcap, int8 with its scales.
+template <class E, class Arch>
+void check_attend_shapes() {
+  constexpr std::size_t d = 128, kv_heads = 2, page = 16, pages = 12, keys = 150;
+  const std::vector<std::int32_t> table = {5, 2, 9, 0, 11, 7, 3, 8, 1, 10};
+  const auto k = random_elements<E>(pages * page * kv_heads * d, 41);
+  const auto v = random_elements<E>(k.size(), 42);
+  std::vector<float> k_scales, v_scales;
+  if (rope::KvElement<E>::kScaled) {
+    k_scales = rope_test::random_vector<float>(pages * page * kv_heads, 43, 0.02);
+    v_scales = rope_test::random_vector<float>(pages * page * kv_heads, 44, 0.02);
+    for (auto& x : k_scales) x = std::fabs(x);
+    for (auto& x : v_scales) x = std::fabs(x);
+  }
+  for (const std::size_t G : {std::size_t{4}, std::size_t{8}}) {
+    if (G > rope::detail::kv_max_rows<E, Arch>()) {
+      EXPECT_EQ((rope::detail::attend_shape<E, Arch>(G, d, d)), nullptr) << Arch::name() << " G " << G;
+      continue;
+    }
+    ASSERT_NE((rope::detail::attend_shape<E, Arch>(G, d, d)), nullptr) << Arch::name() << " G " << G;
+    const std::size_t H = G * kv_heads;
+    const auto q = rope_test::random_vector<float>(H * d, static_cast<std::uint32_t>(45 + G));
+    for (const std::size_t chunk : {std::size_t{64}, std::size_t{37}}) {
+      for (const float softcap : {0.0f, 5.0f}) {
+        rope::KvKeys<E> a;
+        a.k = k.data();
+        a.v = v.data();
+        a.k_scales = k_scales.empty() ? nullptr : k_scales.data();
+        a.v_scales = v_scales.empty() ? nullptr : v_scales.data();
+        a.pages = table.data();
+        a.page_size = page;
+        a.k_page_stride = a.v_page_stride = page * kv_heads * d;
+        a.k_token_stride = a.v_token_stride = kv_heads * d;
+        a.k_head_stride = a.v_head_stride = d;
+        a.first_key = 3;
+        a.keys = keys - 3;
+        a.q_heads = H;
+        a.kv_heads = kv_heads;
+        a.d = a.dv = d;
+        a.chunk = chunk;
+        a.scale = 0.125f;
+        a.softcap = softcap;
+        std::vector<float> got[2];
+        for (const bool shaped : {true, false}) {
+          std::vector<float> work(rope::attend_work(H, d, d, chunk)), m(H), l(H), acc(H * d);
+          rope::detail::attend_keys_as<E, Arch>(a, q.data(), work.data(), m.data(), l.data(), acc.data(), shaped);
+          std::vector<float>& out = got[shaped ? 0 : 1];
+          out = acc;
+          out.insert(out.end(), m.begin(), m.end());
+          out.insert(out.end(), l.begin(), l.end());
+        }
+        ASSERT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0)
+            << Arch::name() << " " << element_name<E>() << " G " << G << " chunk " << chunk << " softcap " << softcap;
+      }
+    }
+  }
+}
+
+TYPED_TEST(KvRows, AttendKeysCompiledShapesGiveTheBitsOfTheLoopsForAnyShape) {
+  for_each_element([](auto e) { check_attend_shapes<decltype(e), TypeParam>(); });
+}
+
 // max_row is exact: the largest finite-or-infinite score, NaNs skipped, in
 // the lanes and in the tail, wherever the NaNs and the maximum sit.
 TYPED_TEST(KvRows, MaxRowIsTheLargestScoreNaNsSkipped) {
