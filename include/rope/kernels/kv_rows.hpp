@@ -267,7 +267,7 @@ ROPE_ALWAYS_INLINE void dot_kv_group(const float* q, std::size_t q_stride, std::
 // channels at a time where their sums fit in registers (independent chains).
 // D > 0: the channels (dv) and the rows' stride (acc_stride) are D, known
 // at compile time, and the values unscaled (attend_keys' shapes).
-template <std::size_t R, class E, class Arch, class Value, std::size_t D = 0>
+template <std::size_t R, class E, class Arch, std::size_t D = 0, class Value>
 void weighted_kv_group(const float* weights, std::size_t weight_stride, std::size_t n, Value value,
                        const float* value_scales, std::size_t scale_stride, std::size_t dv, float* acc,
                        std::size_t acc_stride) noexcept {
@@ -620,7 +620,7 @@ void attend_chunks(const KvKeys<E>& a, const float* qp, float* scores, float* ap
       }
       const std::size_t offset = g * a.v_head_stride;
       if constexpr (R > 0) {
-        weighted_kv_group<R, E, Arch>(
+        weighted_kv_group<R, E, Arch, D>(
             w, S, count, [&](std::size_t t) noexcept { return rows.v[t] + offset; }, nullptr, 0, D, ap + g * R * D, D);
       } else {
         weighted_kv_rows<E, Arch>(w, S, G, count, rows.v, offset, dv, ap + g * G * dv, dv);
