@@ -644,6 +644,65 @@ TEST(AttentionBatch, ThreadsAndExecutorsGiveTheSameBytes) {
   for_each_element([](auto e) { check_threads<decltype(e)>(); });
 }
 
+// The items of a batch go to threads in contiguous shares of about equal
+// cost (keys): every item runs once, a share's items are consecutive and
+// in order, and no share costs more than an equal part plus its largest
+// item; all costs zero falls back to shares of equal counts.
+TEST(AttentionBatch, ItemsGoToContiguousSharesOfAboutEqualCost) {
+  std::vector<std::vector<std::size_t>> cases = {
+      {512, 512, 3, 512, 512, 512, 512, 256, 100, 512, 512, 1, 1, 1, 512},
+      {100000, 1, 1, 1, 1, 1},
+      {1, 1, 1, 1, 1, 1, 1, 100000},
+      {1, 1, 1, 1, 1, 1, 1, 1, 100, 100, 100, 100, 100, 100, 100, 100},
+      {0, 0, 0, 0, 0},
+      {7},
+  };
+  std::mt19937 gen(11);
+  std::uniform_int_distribution<std::size_t> dist(0, 600);
+  cases.emplace_back(67);
+  for (auto& c : cases.back()) c = dist(gen);
+  rope_test::ThreadPool pool(2);
+  for (const auto& costs : cases) {
+    const std::size_t total = std::accumulate(costs.begin(), costs.end(), std::size_t{0});
+    const std::size_t largest = *std::max_element(costs.begin(), costs.end());
+    for (const std::size_t threads : {1, 2, 3, 5}) {
+      for (const bool pooled : {false, true}) {
+        std::vector<std::size_t> share(costs.size(), 99), runs(costs.size(), 0);
+        std::vector<std::vector<std::size_t>> order(threads);
+        const rope::Executor executor = pooled ? pool.executor(threads) : rope::Executor{};
+        rope::detail::parallel_for_costs(
+            costs.size(), threads, executor, [&](std::size_t i) { return costs[i]; },
+            [&](std::size_t i, std::size_t w) {
+              share[i] = w;
+              ++runs[i];
+              order[w].push_back(i);
+            });
+        const std::string what = "case of " + std::to_string(costs.size()) + " items, threads " +
+                                 std::to_string(threads) + (pooled ? " (executor)" : "");
+        const std::size_t workers = std::min(threads, costs.size());
+        std::vector<std::size_t> cost_of(workers, 0);
+        for (std::size_t i = 0; i < costs.size(); ++i) {
+          ASSERT_EQ(runs[i], 1u) << what << ": item " << i;
+          ASSERT_LT(share[i], workers) << what << ": item " << i;
+          if (i > 0) {
+            ASSERT_GE(share[i], share[i - 1]) << what << ": item " << i << " before its predecessor's share";
+          }
+          cost_of[share[i]] += costs[i];
+        }
+        for (std::size_t w = 0; w < workers; ++w) {
+          EXPECT_TRUE(std::is_sorted(order[w].begin(), order[w].end())) << what << ": share " << w;
+          if (total > 0) {
+            EXPECT_LE(cost_of[w] * workers, total + workers * largest) << what << ": share " << w;
+          } else {
+            const std::size_t n = costs.size();
+            EXPECT_EQ(order[w].size(), n * (w + 1) / workers - n * w / workers) << what << ": share " << w;
+          }
+        }
+      }
+    }
+  }
+}
+
 // write_slots into a cache of E from rows of In: slot -1 writes nothing,
 // every other row is what store_kv_row makes of the (widened) row.
 template <class E, class In>

@@ -103,6 +103,8 @@ struct BatchMerge {
   std::size_t token, first_item, items;
 };
 constexpr std::size_t kDirect = static_cast<std::size_t>(-1);
+// An item's fixed cost (its query rows set up, its sums written), in keys.
+constexpr std::size_t kItemCost = 16;
 
 }  // namespace detail
 
@@ -468,8 +470,12 @@ void run_batch(const View<const Q>& q, const PagedCache<E>& cache, const Batch& 
   ws.scratch.resize(workers * per + rope::detail::kLineFloats);
   const BatchRun<Q, E, O, Arch> run(q, cache, batch, out, o, plan, ws);
   float* base = rope::detail::line_start(ws.scratch);
-  parallel_for(ws.items.size(), plan.threads, o.executor,
-               [&](std::size_t i, std::size_t w) { run.item(i, scratch_at(base + w * per, plan)); });
+  // Shares of about equal numbers of keys (and a few keys' worth per item,
+  // its rows' setup): the parts of a long cache and a short one's keys are
+  // not worth the same.
+  rope::detail::parallel_for_costs(
+      ws.items.size(), plan.threads, o.executor, [&](std::size_t i) { return ws.items[i].keys + kItemCost; },
+      [&](std::size_t i, std::size_t w) { run.item(i, scratch_at(base + w * per, plan)); });
   parallel_for(ws.merges.size(), plan.threads, o.executor,
                [&](std::size_t i, std::size_t w) { run.merge(i, scratch_at(base + w * per, plan)); });
 }

@@ -10,10 +10,12 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "../executor.hpp"
 
@@ -96,6 +98,39 @@ void parallel_for(std::size_t count, std::size_t threads, const Executor& execut
   using Share = decltype(share);
   const auto task = [](void* context, std::size_t w) { (*static_cast<const Share*>(context))(w); };
   run_workers(workers, executor, task, const_cast<void*>(static_cast<const void*>(&share)));
+}
+
+// parallel_for in contiguous shares of about equal cost rather than equal
+// counts, for items whose costs differ (cost(i), any non-negative measure):
+// item i goes to share floor(workers * m_i / total), m_i the cost before it
+// plus half its own, so a share's items are consecutive and the shares'
+// costs differ by at most about one item's. An item is computed the same way
+// whichever share runs it. The boundaries take workers + 1 indices.
+template <class Cost, class Work>
+void parallel_for_costs(std::size_t count, std::size_t threads, const Executor& executor, Cost&& cost, Work&& work) {
+  const std::size_t workers = std::max<std::size_t>(1, std::min(threads, count));
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < count && workers > 1; ++i) total += cost(i);
+  if (workers == 1 || total == 0) {
+    parallel_for(count, threads, executor, std::forward<Work>(work));
+    return;
+  }
+  std::vector<std::size_t> first(workers + 1, count);
+  first[0] = 0;
+  std::uint64_t before = 0;
+  std::size_t share = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::uint64_t c = cost(i);
+    const auto w = static_cast<std::size_t>(workers * (2 * before + c) / (2 * total));
+    while (share < w && share < workers - 1) first[++share] = i;
+    before += c;
+  }
+  const auto run = [&](std::size_t w) {
+    for (std::size_t i = first[w]; i < first[w + 1]; ++i) work(i, w);
+  };
+  using Share = decltype(run);
+  const auto task = [](void* context, std::size_t w) { (*static_cast<const Share*>(context))(w); };
+  run_workers(workers, executor, task, const_cast<void*>(static_cast<const void*>(&run)));
 }
 
 template <class Work>

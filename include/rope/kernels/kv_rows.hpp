@@ -510,18 +510,6 @@ constexpr std::size_t attend_work(std::size_t q_heads, std::size_t d, std::size_
   return detail::line_floats(q_heads * d) + detail::line_floats(q_heads * chunk) + detail::line_floats(q_heads * dv);
 }
 
-// The online softmax of q_heads query rows (q: q_heads x d floats, channel
-// order, query head h reading key/value head h / group) over a.keys keys:
-// for each head h, m[h] = the max of its scores s_j = scale * q_h . k_j
-// (int8: times k_j's scale; capped by softcap when set), l[h] = sum_j
-// exp(s_j - m[h]), acc[h * dv ..] = sum_j exp(s_j - m[h]) v_j in channel
-// order. The keys are taken in chunks of a.chunk (at most
-// kAttendMaxChunk): each chunk's scores key token by key token over every
-// key/value head (a token's rows in memory order), its weights exp(s - m)
-// relative to the running max, the earlier sums scaled by exp(m_old -
-// m_new) when the max grows, then its values weighted head by head over
-// the whole chunk (weighted_kv_rows, whatever pages it spans). work holds
-// attend_work(...) floats, best from a cache line on (see there).
 namespace detail {
 
 // Where a chunk's tokens are: the slot of each and where its key and value
@@ -676,6 +664,19 @@ void attend_keys_as(const KvKeys<E>& a, const float* q, float* work, float* m, f
 
 }  // namespace detail
 
+// The online softmax of q_heads query rows (q: q_heads x d floats, channel
+// order, query head h reading key/value head h / group) over a.keys keys:
+// for each head h, m[h] = the max of its scores s_j = scale * q_h . k_j
+// (int8: times k_j's scale; capped by softcap when set), l[h] = sum_j
+// exp(s_j - m[h]), acc[h * dv ..] = sum_j exp(s_j - m[h]) v_j in channel
+// order. The keys are taken in chunks of a.chunk (at most
+// kAttendMaxChunk): each chunk's scores key token by key token over every
+// key/value head (a token's rows in memory order), its weights exp(s - m)
+// relative to the running max, the earlier sums scaled by exp(m_old -
+// m_new) when the max grows, then its values weighted head by head over
+// the whole chunk (weighted_kv_rows, whatever pages it spans). work holds
+// attend_work(...) floats, best from a cache line on (see there). Shapes
+// with loops of their own (detail::attend_shape) give the same bits.
 template <class E, class Arch = xsimd::default_arch>
 void attend_keys(const KvKeys<E>& a, const float* q, float* work, float* m, float* l, float* acc) noexcept {
   detail::attend_keys_as<E, Arch>(a, q, work, m, l, acc, true);
