@@ -59,6 +59,7 @@
 #include <rope/kernels/kv_rows.hpp>
 #include <rope/tensor/dispatch_table.hpp>
 
+#include "pool_keys.hpp"
 #include "rounding_oracle.hpp"
 #include "xcr0.hpp"
 
@@ -428,22 +429,9 @@ struct AttendCase {
     }
     for (auto& x : q) x = u(rng);
     pages = {5, 2, 9, 0, 11, 7, 3, 8, 1, 10};
-    keys.k = k.data();
-    keys.v = v.data();
-    keys.k_scales = scaled ? k_scales.data() : nullptr;
-    keys.v_scales = scaled ? v_scales.data() : nullptr;
-    keys.pages = pages.data();
-    keys.page_size = kPage;
-    keys.k_page_stride = keys.v_page_stride = kPage * kKvHeads * kDim;
-    keys.k_token_stride = keys.v_token_stride = kKvHeads * kDim;
-    keys.k_head_stride = keys.v_head_stride = kDim;
-    keys.first_key = 3;
-    keys.keys = kKeys - 3;
-    keys.q_heads = kHeads;
-    keys.kv_heads = kKvHeads;
-    keys.d = keys.dv = kDim;
-    keys.chunk = 64;
-    keys.scale = 0.125f;
+    keys =
+        rope_test::pool_keys(k.data(), v.data(), scaled ? k_scales.data() : nullptr, scaled ? v_scales.data() : nullptr,
+                             pages.data(), kPage, kHeads, kKvHeads, kDim, 3, kKeys - 3, 64, 0.125f);
   }
 
   double value(const std::vector<E>& x, const std::vector<float>& scales, std::size_t slot, std::size_t g,

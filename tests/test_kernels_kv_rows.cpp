@@ -39,6 +39,7 @@
 
 #include "archs.hpp"
 #include "kv_elements.hpp"
+#include "pool_keys.hpp"
 #include "support.hpp"
 
 namespace {
@@ -445,23 +446,9 @@ void check_attend_shapes() {
     const auto q = rope_test::random_vector<float>(H * d, static_cast<std::uint32_t>(45 + G));
     for (const std::size_t chunk : {std::size_t{64}, std::size_t{37}}) {
       for (const float softcap : {0.0f, 5.0f}) {
-        rope::KvKeys<E> a;
-        a.k = k.data();
-        a.v = v.data();
-        a.k_scales = k_scales.empty() ? nullptr : k_scales.data();
-        a.v_scales = v_scales.empty() ? nullptr : v_scales.data();
-        a.pages = table.data();
-        a.page_size = page;
-        a.k_page_stride = a.v_page_stride = page * kv_heads * d;
-        a.k_token_stride = a.v_token_stride = kv_heads * d;
-        a.k_head_stride = a.v_head_stride = d;
-        a.first_key = 3;
-        a.keys = keys - 3;
-        a.q_heads = H;
-        a.kv_heads = kv_heads;
-        a.d = a.dv = d;
-        a.chunk = chunk;
-        a.scale = 0.125f;
+        rope::KvKeys<E> a = rope_test::pool_keys(k.data(), v.data(), k_scales.empty() ? nullptr : k_scales.data(),
+                                                 v_scales.empty() ? nullptr : v_scales.data(), table.data(), page, H,
+                                                 kv_heads, d, 3, keys - 3, chunk, 0.125f);
         a.softcap = softcap;
         std::vector<float> got[2];
         for (const bool shaped : {true, false}) {
