@@ -77,6 +77,13 @@ inline void run_workers(std::size_t workers, const Executor& executor, void (*ta
   }
 }
 
+// run_workers of share(w), w = 0 .. workers-1.
+template <class Share>
+void run_shares(std::size_t workers, const Executor& executor, const Share& share) {
+  const auto task = [](void* context, std::size_t w) { (*static_cast<const Share*>(context))(w); };
+  run_workers(workers, executor, task, const_cast<void*>(static_cast<const void*>(&share)));
+}
+
 // Runs work(item, worker) for items 0 .. count-1 in min(threads, count)
 // shares (at least 1): on `threads` threads (the caller is one of them), or
 // handed to `executor` as one task per share when it is set. Item i always
@@ -95,9 +102,7 @@ void parallel_for(std::size_t count, std::size_t threads, const Executor& execut
     share(0);
     return;
   }
-  using Share = decltype(share);
-  const auto task = [](void* context, std::size_t w) { (*static_cast<const Share*>(context))(w); };
-  run_workers(workers, executor, task, const_cast<void*>(static_cast<const void*>(&share)));
+  run_shares(workers, executor, share);
 }
 
 // parallel_for in contiguous shares of about equal cost rather than equal
@@ -110,8 +115,10 @@ template <class Cost, class Work>
 void parallel_for_costs(std::size_t count, std::size_t threads, const Executor& executor, Cost&& cost, Work&& work) {
   const std::size_t workers = std::max<std::size_t>(1, std::min(threads, count));
   std::uint64_t total = 0;
-  for (std::size_t i = 0; i < count && workers > 1; ++i) total += cost(i);
-  if (workers == 1 || total == 0) {
+  if (workers > 1) {
+    for (std::size_t i = 0; i < count; ++i) total += cost(i);
+  }
+  if (total == 0) {
     parallel_for(count, threads, executor, std::forward<Work>(work));
     return;
   }
@@ -125,12 +132,9 @@ void parallel_for_costs(std::size_t count, std::size_t threads, const Executor& 
     while (share < w && share < workers - 1) first[++share] = i;
     before += c;
   }
-  const auto run = [&](std::size_t w) {
+  run_shares(workers, executor, [&](std::size_t w) {
     for (std::size_t i = first[w]; i < first[w + 1]; ++i) work(i, w);
-  };
-  using Share = decltype(run);
-  const auto task = [](void* context, std::size_t w) { (*static_cast<const Share*>(context))(w); };
-  run_workers(workers, executor, task, const_cast<void*>(static_cast<const void*>(&run)));
+  });
 }
 
 template <class Work>

@@ -547,6 +547,7 @@ namespace detail {
 // The same arithmetic in the same order either way: the same bits.
 template <std::size_t R, std::size_t D, class E, class Arch>
 void attend_chunks(const KvKeys<E>& a, const float* qp, float* scores, float* ap, float* m, float* l) noexcept {
+  static_assert((R > 0) == (D > 0), "a compiled shape has both, the loops for any shape neither");
   const std::size_t H = a.q_heads, Hk = a.kv_heads, G = R > 0 ? R : H / Hk, d = D > 0 ? D : a.d, dv = D > 0 ? D : a.dv,
                     S = a.chunk;
   const std::size_t end = a.first_key + a.keys;
@@ -575,10 +576,12 @@ void attend_chunks(const KvKeys<E>& a, const float* qp, float* scores, float* ap
         }
         const float ks = a.k_scales != nullptr ? a.scale * a.k_scales[rows.slots[i] * Hk + g] : a.scale;
         const E* key = rows.k[i] + g * a.k_head_stride;
+        const float* qg = qp + g * G * d;
+        float* sg = scores + g * G * S + i;
         if constexpr (R > 0) {
-          dot_kv_group<R, E, Arch, D>(qp + g * R * D, D, D, key, scores + g * R * S + i, S, ks);
+          dot_kv_group<R, E, Arch, D>(qg, d, d, key, sg, S, ks);
         } else {
-          dot_kv<E, Arch>(qp + g * G * d, d, G, d, key, scores + g * G * S + i, S, ks);
+          dot_kv<E, Arch>(qg, d, G, d, key, sg, S, ks);
         }
       }
     }
@@ -607,11 +610,12 @@ void attend_chunks(const KvKeys<E>& a, const float* qp, float* scores, float* ap
         }
       }
       const std::size_t offset = g * a.v_head_stride;
+      float* ag = ap + g * G * dv;
       if constexpr (R > 0) {
         weighted_kv_group<R, E, Arch, D>(
-            w, S, count, [&](std::size_t t) noexcept { return rows.v[t] + offset; }, nullptr, 0, D, ap + g * R * D, D);
+            w, S, count, [&](std::size_t t) noexcept { return rows.v[t] + offset; }, nullptr, 0, dv, ag, dv);
       } else {
-        weighted_kv_rows<E, Arch>(w, S, G, count, rows.v, offset, dv, ap + g * G * dv, dv);
+        weighted_kv_rows<E, Arch>(w, S, G, count, rows.v, offset, dv, ag, dv);
       }
     }
   }
