@@ -68,6 +68,59 @@ TYPED_TEST(SoftmaxTyped, MatchesNaiveRelativeScoresForEveryBlock) {
   }
 }
 
+// A masked tile of more than 128 query rows is multiplied in pieces of whole
+// tokens, each over the keys its tokens see (softmax_tile.hpp): causal and
+// sliding-window prefills whose tiles hold 256 and 160 rows match the
+// oracle. A value that is not finite reaches only the queries that see its
+// key, and only its own channel, whether its tile is masked or not; a masked
+// tile of finite values later in the same head still takes its GEMM.
+TYPED_TEST(SoftmaxTyped, MaskedTilesOfManyRowsMatchTheOracle) {
+  using T = TypeParam;
+  const std::size_t l = 300, d = 8, dv = 4;
+  const auto freqs = rope::frequencies(d, 10000.0);
+  const rope::Table<T> table(freqs, l);
+  const Rotation<T> rotation{&table, Style::rotate_half};
+  const Matrix<T> q = at::random_matrix<T>(l, d, 131), k = at::random_matrix<T>(l, d, 132);
+  Matrix<T> v = at::random_matrix<T>(l, dv, 133);
+  const auto positions = at::iota_positions(l);
+  const auto oracle = [&](std::size_t window) {
+    return at::naive_softmax_masked(
+        at::to_ld(q), at::to_ld(k), at::to_ld(v), freqs.inv_freq, Style::rotate_half, positions, positions,
+        1.0L / std::sqrt(at::LD(d)),
+        [&](std::size_t i, std::size_t j) { return j <= i && (window == 0 || i - j < window); });
+  };
+  SoftmaxOptions o;
+  o.causal = true;
+  for (const std::size_t window : {std::size_t{0}, std::size_t{40}}) {
+    o.window = window;
+    const auto want = oracle(window);
+    for (const std::size_t block : {std::size_t{256}, std::size_t{160}}) {
+      o.block = block;
+      const Matrix<T> got = rope::attention::softmax(q, k, v, rotation, o);
+      EXPECT_LE(at::relative_error(got, want), at::exact_tolerance<T>()) << "window " << window << " block " << block;
+    }
+  }
+  constexpr std::size_t bad = 150, channel = 1;
+  v(bad, channel) = std::numeric_limits<T>::quiet_NaN();
+  o.window = 0;
+  const auto want = oracle(0);
+  for (const std::size_t block : {std::size_t{256}, std::size_t{160}}) {
+    o.block = block;
+    const Matrix<T> got = rope::attention::softmax(q, k, v, rotation, o);
+    for (std::size_t i = 0; i < l; ++i) {
+      for (std::size_t c = 0; c < dv; ++c) {
+        const T x = got(static_cast<Eigen::Index>(i), static_cast<Eigen::Index>(c));
+        if (i >= bad && c == channel) {
+          EXPECT_TRUE(std::isnan(x)) << "block " << block << " row " << i;
+        } else {
+          EXPECT_LE(std::fabs(static_cast<at::LD>(x) - want[i][c]), at::exact_tolerance<T>())
+              << "block " << block << " row " << i << " channel " << c;
+        }
+      }
+    }
+  }
+}
+
 // Default positions with Lq = Lk: the causal mask is j <= i; a set scale is used as given.
 TYPED_TEST(SoftmaxTyped, DefaultPositionsAndSetScale) {
   using T = TypeParam;

@@ -125,19 +125,27 @@ struct HeadRows {
   Vector<T> row_max, row_sum;
 };
 
+// Rows [r0, r0 + rows) of a tile against its keys [c0, c0 + cols).
+struct TilePiece {
+  Eigen::Index r0, rows, c0, cols;
+};
+
 // The buffers one thread reuses for every tile it computes (allocated once
 // per call, before any thread starts).
 template <class T>
 struct SoftmaxWorkspace {
   std::vector<HeadRows<T>> heads;  // one per key/value head of the item
-  Matrix<T> scores;                // rows x block (all heads' rows, row by row)
+  Matrix<T> scores;                // rows x block: scores (row by row), or a GEMM tile's weights
+  Vector<T> zeroed;                // a GEMM tile's scores; all zeros between tiles
   std::vector<ConstRowsMap<T>> key_maps;
   Matrix<T> keys;  // Lk x d: the rotated keys of one key/value head
   std::size_t keys_of_head = static_cast<std::size_t>(-1);
   Matrix<T> values;  // Lk x dv: the values of one key/value head, contiguous
   std::size_t values_of_head = static_cast<std::size_t>(-1);
-  std::vector<std::size_t> lo, hi;  // each token's visible key range (sorted keys)
-  std::vector<unsigned char> seen;  // per token: some key was visible
+  std::vector<std::size_t> values_bad;  // Lk + 1: rows of `values` before j with a value not finite
+  std::vector<std::size_t> lo, hi;      // each token's visible key range (sorted keys)
+  std::vector<unsigned char> seen;      // per token: some key was visible
+  std::vector<TilePiece> pieces;        // the GEMMs of the current tile
 };
 
 // One work item: query tokens [t0, t1) of key/value heads [g0, g1). The
@@ -196,10 +204,14 @@ class SoftmaxTile {
   static constexpr std::size_t kGranule = 64;
   static constexpr std::size_t kAhead = 2;
   static constexpr std::size_t kThinBlock = 64;
+  // Rows per GEMM of a masked tile cut into pieces (cut_pieces).
+  static constexpr std::size_t kPieceRows = 128;
   // Score rows of the thin path start at multiples of this many values (64 bytes).
   static constexpr std::size_t kRowAlign = 64 / sizeof(T);
 
  private:
+  using Piece = TilePiece;
+
   // Sorted keys: each token sees one range. Keys every token of the tile
   // sees are swept unmasked, the ragged ends masked.
   void sweep_sorted(std::size_t lk, std::size_t bk) {
@@ -293,7 +305,10 @@ class SoftmaxTile {
 
   // V of head g: in place for a decode step (read once), else copied once
   // per head into contiguous rows (every query block of the head reads it,
-  // and packing strided rows for the GEMM costs more than one copy).
+  // and packing strided rows for the GEMM costs more than one copy). The
+  // copy counts the rows that hold a value not finite as it goes, while each
+  // row is in L1, so that a masked tile asks whether its values are finite
+  // in O(1) (values_finite) instead of reading them again.
   ConstRowsMap<T> values_of(std::size_t g, std::size_t j0, std::size_t n) {
     const auto dv = static_cast<Eigen::Index>(v_.head_dim);
     if (thin_) {
@@ -303,8 +318,13 @@ class SoftmaxTile {
     }
     if (ws_.values_of_head != g) {
       ws_.values.resize(static_cast<Eigen::Index>(v_.tokens), dv);
+      ws_.values_bad.assign(v_.tokens + 1, 0);
       for (std::size_t j = 0; j < v_.tokens; ++j) {
-        std::memcpy(ws_.values.row(static_cast<Eigen::Index>(j)).data(), v_.row(j, g), v_.head_dim * sizeof(T));
+        auto row = ws_.values.row(static_cast<Eigen::Index>(j));
+        std::memcpy(row.data(), v_.row(j, g), v_.head_dim * sizeof(T));
+        // 0 * x is NaN exactly when x is not finite, and the sum keeps a NaN.
+        const bool bad = std::isnan((row.array() * T(0)).sum());
+        ws_.values_bad[j + 1] = ws_.values_bad[j] + (bad ? 1 : 0);
       }
       ws_.values_of_head = g;
     }
@@ -324,6 +344,12 @@ class SoftmaxTile {
     }
   }
 
+  // Whether the values of keys [j0, j0 + n) are all finite (after values_of
+  // copied the head's values).
+  bool values_finite(std::size_t j0, std::size_t n) const noexcept {
+    return ws_.values_bad[j0 + n] == ws_.values_bad[j0];
+  }
+
   bool visible(std::size_t t, std::size_t j) const noexcept {
     if (plan_.sorted) return j >= ws_.lo[t] && j < ws_.hi[t];
     return plan_.visibility.visible(t0_ + t, j);
@@ -338,17 +364,61 @@ class SoftmaxTile {
   }
 
   // Keys [j0, j0 + n) of head g by GEMM: scores, running max and sum, and
-  // the weighted values.
+  // the weighted values. A masked tile of sorted keys is cut into pieces of
+  // whole tokens, each multiplied over the keys its tokens see (a causal
+  // block's diagonal: the first tokens see fewer keys); scores outside every
+  // piece are masked before they are read.
   void tile(std::size_t g, HeadRows<T>& head, std::size_t j0, std::size_t n, bool partial) {
     const ConstRowsMap<T> keys = keys_of(g, j0, n);
     const ConstRowsMap<T> values = values_of(g, j0, n);
-    ws_.scores.noalias() = head.q * keys.transpose();
-    Eigen::Ref<Matrix<T>> s(ws_.scores);
-    update(head, s, j0, n, partial);
-    if (!partial || values.allFinite()) {
-      head.acc.noalias() += ws_.scores * values;
+    cut_pieces(j0, n, partial);
+    // The scores accumulate into a buffer kept all zeros between tiles
+    // (update clears what it read), so that no pass zeroes it before each
+    // GEMM; the weights go to their own rows.
+    const Eigen::Index rows = head.q.rows(), bn = static_cast<Eigen::Index>(n);
+    if (ws_.zeroed.size() < rows * bn) ws_.zeroed.setZero(rows * bn);
+    RowsMap<T> scores(ws_.zeroed.data(), rows, bn, Eigen::OuterStride<>(bn));
+    for (const Piece& p : ws_.pieces) {
+      scores.block(p.r0, p.c0, p.rows, p.cols).noalias() +=
+          head.q.middleRows(p.r0, p.rows) * keys.middleRows(p.c0, p.cols).transpose();
+    }
+    ws_.scores.resize(rows, bn);
+    update(head, scores, ws_.scores, j0, n, partial);
+    if (!partial || values_finite(j0, n)) {
+      for (const Piece& p : ws_.pieces) {
+        head.acc.middleRows(p.r0, p.rows).noalias() +=
+            ws_.scores.block(p.r0, p.c0, p.rows, p.cols) * values.middleRows(p.c0, p.cols);
+      }
     } else {
-      accumulate_visible(head, s, values, j0, n);
+      accumulate_visible(head, ws_.scores, values, j0, n);
+    }
+  }
+
+  // The pieces of a tile of keys [j0, j0 + n): the whole tile, or for a
+  // masked tile of sorted keys, runs of about kPieceRows rows (whole tokens),
+  // each over the span of keys its tokens see; runs that see nothing are
+  // left out.
+  void cut_pieces(std::size_t j0, std::size_t n, bool partial) {
+    ws_.pieces.clear();
+    const auto bn = static_cast<Eigen::Index>(n);
+    if (!partial || !plan_.sorted) {
+      ws_.pieces.push_back({0, static_cast<Eigen::Index>(tokens_ * group_), 0, bn});
+      return;
+    }
+    const std::size_t run = std::max<std::size_t>(1, kPieceRows / group_);
+    for (std::size_t t0 = 0; t0 < tokens_; t0 += run) {
+      const std::size_t t1 = std::min(tokens_, t0 + run);
+      std::size_t c0 = n, c1 = 0;
+      for (std::size_t t = t0; t < t1; ++t) {
+        std::size_t lo, hi;
+        visible_span(t, j0, n, lo, hi);
+        if (lo == hi) continue;
+        c0 = std::min(c0, lo);
+        c1 = std::max(c1, hi);
+      }
+      if (c0 >= c1) continue;
+      ws_.pieces.push_back({static_cast<Eigen::Index>(t0 * group_), static_cast<Eigen::Index>((t1 - t0) * group_),
+                            static_cast<Eigen::Index>(c0), static_cast<Eigen::Index>(c1 - c0)});
     }
   }
 
@@ -380,7 +450,7 @@ class SoftmaxTile {
     }
     for (std::size_t i = 0; i < heads; ++i) {
       Eigen::Ref<Matrix<T>> s(ws_.scores.block(static_cast<Eigen::Index>(i) * rows, 0, rows, bn));
-      update(ws_.heads[i], s, j0, n, partial);
+      update(ws_.heads[i], s, s, j0, n, partial);
       if (partial) accumulate_visible(ws_.heads[i], s, values_of(g0_ + i, j0, n), j0, n);
     }
     if (partial) return;
@@ -399,13 +469,16 @@ class SoftmaxTile {
   }
 
   // Caps the scores s of one head's rows (softcap), masks them, then the
-  // online softmax step: new running max, exp(s - max) in place, the
+  // online softmax step: new running max, the weights exp(s - max) into p
+  // (which may be s itself; when it is not, s is left all zeros), the
   // correction of what was accumulated so far, the running sums. A row with
   // nothing visible yet keeps the shift 0, so that exp(-inf - 0) is 0 rather
   // than NaN. The cap comes before the mask: a masked score is -inf, never
   // cap * tanh(-inf / cap) = -cap.
-  void update(HeadRows<T>& head, Eigen::Ref<Matrix<T>> s, std::size_t j0, std::size_t n, bool partial) {
+  void update(HeadRows<T>& head, Eigen::Ref<Matrix<T>> s, Eigen::Ref<Matrix<T>> p, std::size_t j0, std::size_t n,
+              bool partial) {
     const T neg_inf = -std::numeric_limits<T>::infinity();
+    const bool clear = p.data() != s.data();
     if (plan_.softcap > T(0)) {
       const T cap = plan_.softcap;
       s = ((s.array() / cap).tanh() * cap).matrix();
@@ -413,17 +486,19 @@ class SoftmaxTile {
     if (partial) mask(s, j0, n, neg_inf);
     for (Eigen::Index r = 0; r < s.rows(); ++r) {
       auto row = s.row(r);  // one row at a time, while it is in L1
+      auto weights = p.row(r);
       const T old_max = head.row_max[r];
       const T new_max = std::max(old_max, row.maxCoeff());
       const T shift = new_max == neg_inf ? T(0) : new_max;
-      row = (row.array() - shift).exp().matrix();
+      weights = (row.array() - shift).exp().matrix();
+      if (clear) row.setZero();
       // A vectorised exp need not return exactly 0 for -inf (Eigen's double
       // exp clamps to ~5e-309): masked weights are set to 0 here.
-      if (partial) mask_row(row, static_cast<std::size_t>(r) / group_, j0, n);
+      if (partial) mask_row(weights, static_cast<std::size_t>(r) / group_, j0, n);
       const T correction =
           (old_max == neg_inf || new_max == neg_inf) ? T(old_max == neg_inf ? 0 : 1) : std::exp(old_max - new_max);
       if (new_max != neg_inf) head.row_max[r] = new_max;
-      head.row_sum[r] = head.row_sum[r] * correction + row.sum();
+      head.row_sum[r] = head.row_sum[r] * correction + weights.sum();
       if (correction != T(1)) head.acc.row(r) *= correction;
     }
   }
