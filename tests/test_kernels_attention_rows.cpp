@@ -8,7 +8,10 @@
 //   dot_rows is within d * eps * sum |q k| of long double (its lanes sum in
 //   another order than the reference's loop);
 //   rms_norm_row and rms_norm_rows equal the documented plain loop bit for
-//   bit, and are within (n + 8) eps |y| of long double.
+//   bit, and are within (n + 8) eps |y| of long double;
+//   softmax_weights_row equals reference::softmax_weights bit for bit where
+//   the architecture has fused multiply-adds, and is within 2 ulps of long
+//   double's e^x (4 where Horner's steps round twice).
 // Every row count 1 .. 10 (the register-blocked 1 .. 8 and the fallback),
 // channel counts around every batch width, strided weights and accumulators,
 // and guard values around every output.
@@ -191,6 +194,87 @@ TYPED_TEST(AttentionRows, RmsNormRowsAreThePlainLoopBitForBit) {
       }
     }
   }
+}
+
+// softmax_weights_row against its twin and long double: for scores s_j =
+// m - u_j with u_j over [0, 100] (past the underflow at 86.6), some exactly
+// m, some -inf, a NaN, every length around the batch widths, the weights
+//   - equal reference::softmax_weights bit for bit where the architecture
+//     has fused multiply-adds;
+//   - are within 2 ulps of e^x, x = s_j - m as rounded to float (4 where
+//     Horner's steps round twice), and 0 where e^x < 2^-125;
+//   - are exactly 1 at s_j = m, 0 at -inf, NaN at NaN;
+// the sum is within n eps of the weights' exact sum; with clear the n scores
+// are 0 after and nothing past them is written; in place gives the same bits.
+TYPED_TEST(AttentionRows, SoftmaxWeightsMatchTheirTwinAndLongDouble) {
+  using Arch = TypeParam;
+  if (!rope::detail::cpu_supports<Arch>()) GTEST_SKIP() << Arch::name() << " does not run on this CPU";
+  const double eps = std::numeric_limits<float>::epsilon();
+  const double ulps = rope_test::kFusedMultiplyAdd<Arch> ? 2.0 : 4.0;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  std::vector<std::size_t> lengths(std::begin(kDims), std::end(kDims));
+  lengths.push_back(0);
+  lengths.push_back(300);
+  for (const std::size_t n : lengths) {
+    for (const float m : {0.0f, 3.25f, -17.5f, 41.0f}) {
+      const auto u = rope_test::random_vector<float>(n, 7u * static_cast<std::uint32_t>(n) + 1u, 1.0);
+      rope_test::Guarded<float> scores(n, n % 3);
+      for (std::size_t j = 0; j < n; ++j) scores.data()[j] = m - 50.0f * (1.0f + u[j]);
+      if (n > 2) scores.data()[n / 2] = m;
+      if (n > 3) scores.data()[n / 3] = neg_inf;
+      if (n > 5) scores.data()[n - 1] = m - 0.001f;
+      const std::vector<float> s(scores.data(), scores.data() + n);
+      std::vector<float> twin(n), in_place(s);
+      rope_test::Guarded<float> w(n, (n + 1) % 3);
+      const float sum = rope::softmax_weights_row<Arch>(scores.data(), w.data(), n, m, true);
+      const float twin_sum = rope::reference::softmax_weights(s.data(), twin.data(), n, m);
+      const float in_place_sum = rope::softmax_weights_row<Arch>(in_place.data(), in_place.data(), n, m, false);
+      ASSERT_TRUE(scores.guards_intact() && w.guards_intact()) << Arch::name() << " n " << n;
+      ASSERT_EQ(std::memcmp(&sum, &in_place_sum, sizeof sum), 0) << Arch::name() << " n " << n;
+      long double exact_sum = 0;
+      for (std::size_t j = 0; j < n; ++j) {
+        ASSERT_EQ(scores.data()[j], 0.0f) << Arch::name() << " clear left score " << j;
+        ASSERT_EQ(std::memcmp(&in_place[j], &w.data()[j], sizeof(float)), 0) << Arch::name() << " in place " << j;
+        if (rope_test::kFusedMultiplyAdd<Arch>) {
+          ASSERT_EQ(std::memcmp(&w.data()[j], &twin[j], sizeof(float)), 0)
+              << Arch::name() << " differs from reference::softmax_weights: n " << n << " j " << j;
+        }
+        const float got = w.data()[j];
+        exact_sum += got;
+        if (s[j] == neg_inf) {
+          ASSERT_EQ(got, 0.0f);
+          continue;
+        }
+        const long double x = s[j] - m;
+        const long double exact = std::exp(x);
+        if (x == 0) {
+          ASSERT_EQ(got, 1.0f);
+        }
+        if (exact < std::ldexp(1.0L, -125)) {
+          ASSERT_LE(got, std::ldexp(1.0f, -124)) << Arch::name() << " x " << static_cast<double>(x);
+          continue;
+        }
+        const float ulp = std::nextafter(static_cast<float>(exact), 2.0f) - static_cast<float>(exact);
+        const double bound = ulps * static_cast<double>(ulp);
+        ASSERT_NEAR(static_cast<double>(got), static_cast<double>(exact), bound)
+            << Arch::name() << " n " << n << " x " << static_cast<double>(x);
+      }
+      ASSERT_NEAR(static_cast<double>(sum), static_cast<double>(exact_sum),
+                  static_cast<double>(n) * eps * static_cast<double>(exact_sum))
+          << Arch::name() << " n " << n;
+      ASSERT_NEAR(static_cast<double>(twin_sum), static_cast<double>(exact_sum),
+                  static_cast<double>(n) * eps * static_cast<double>(exact_sum));
+    }
+  }
+  std::vector<float> s = {0.0f, std::numeric_limits<float>::quiet_NaN(), -1.0f}, w(3);
+  rope::softmax_weights_row<Arch>(s.data(), w.data(), s.size(), 0.0f, false);
+  EXPECT_EQ(w[0], 1.0f);
+  EXPECT_TRUE(std::isnan(w[1])) << Arch::name();
+  std::vector<float> wide(40, -2.0f), wide_w(40);
+  wide[17] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(rope::softmax_weights_row<Arch>(wide.data(), wide_w.data(), wide.size(), 0.0f, false)));
+  EXPECT_TRUE(std::isnan(wide_w[17])) << Arch::name();
+  EXPECT_EQ(wide_w[16], wide_w[18]);
 }
 
 // A NaN in one value row reaches every accumulator that weighs it, and no

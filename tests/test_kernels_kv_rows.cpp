@@ -19,7 +19,7 @@
 //   weighted_kv_rows (values anywhere): bit for bit weighted_kv;
 //   fold_sums<N>: exact on integers, within (lanes - 1) eps sum |x|
 //     otherwise, each sum with the bits of fold_sums<1> of its batch alone;
-//   max_row exact, exp_row and softcap_row within a few ulps of long double.
+//   max_row exact, softmax_weights_row (in place) and softcap_row within a few ulps of long double.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -313,7 +313,7 @@ TYPED_TEST(KvRows, WeightedKvMatchesItsTwin) {
   check_weighted<std::int8_t, TypeParam>(true);
 }
 
-// exp_row and softcap_row: the vector lanes and the scalar tail, against
+// softmax_weights_row (in place) and softcap_row: the vector lanes and the scalar tail, against
 // long double at the same float inputs (s_j - m and s_j / cap rounded as
 // the kernels round them).
 constexpr double kUlps = 4;
@@ -330,7 +330,7 @@ TYPED_TEST(KvRows, ExpRowWithinUlpsOfLongDouble) {
     auto s = rope_test::random_vector<float>(n, static_cast<std::uint32_t>(n + 5), 20.0);
     const float m = rope::max_row(s.data(), n);
     const std::vector<float> in = s;
-    const float sum = rope::exp_row<Arch>(s.data(), n, m);
+    const float sum = rope::softmax_weights_row<Arch>(s.data(), s.data(), n, m, false);
     LD total = 0;
     for (std::size_t j = 0; j < n; ++j) {
       const LD want = std::exp(static_cast<LD>(in[j] - m));
@@ -351,7 +351,7 @@ TYPED_TEST(KvRows, ExpRowWithinUlpsOfLongDouble) {
       s[at] = std::numeric_limits<float>::quiet_NaN();
       const float m = rope::max_row(s.data(), n);
       EXPECT_FALSE(std::isnan(m));
-      const float sum = rope::exp_row<Arch>(s.data(), n, m);
+      const float sum = rope::softmax_weights_row<Arch>(s.data(), s.data(), n, m, false);
       EXPECT_TRUE(std::isnan(sum)) << Arch::name() << " n " << n << " at " << at;
       EXPECT_TRUE(std::isnan(s[at]));
       for (std::size_t j = 0; j < n; ++j) {

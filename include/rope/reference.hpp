@@ -12,6 +12,7 @@
 //   dot_rows:      scores[r * score_stride] = q_r . key
 //   weighted_rows: acc_r += sum_j weight_(r, j) value_j, value by value in
 //                  order j = 0, 1, ..., one fused multiply-add per channel.
+//   softmax_weights: w_j = exp(s_j - m) in the steps of exp_weight below.
 // and of the KV-cache rows (kernels/kv_rows.hpp), in channel order over
 // stored values widened exactly (float, BFloat16, Float16, int8):
 //   dot_kv:        scores[r * score_stride] = q_r . key (int8: before its scale)
@@ -109,6 +110,37 @@ void weighted_kv(const float* weights, std::size_t weight_stride, std::size_t ro
       }
     }
   }
+}
+
+// e^x for x <= 0 (or NaN) as 2^k e^r: k the integer nearest x log2(e)
+// (rounded), r = x - k ln(2) in two steps (ln(2) split into 0.693359375 and
+// the rest), e^r by its degree-6 polynomial fit on [-ln(2)/2, ln(2)/2] (the
+// coefficients below) in Horner's order, each step one std::fma; x log2(e)
+// < -125 gives 0. The steps of kernels/attention_rows.hpp's
+// softmax_weights_row, one value at a time.
+inline float exp_weight(float x) noexcept {
+  static constexpr float c[6] = {
+      1.0f, 4.999999404e-01f, 1.666643173e-01f, 4.166800156e-02f, 8.374155499e-03f, 1.384365372e-03f};
+  const float t = x * 1.44269504088896341f;
+  if (std::isnan(t)) return t;
+  if (t < -125.0f) return 0.0f;
+  const float k = std::nearbyint(t);
+  const float r = std::fma(-k, -2.12194440e-4f, std::fma(-k, 0.693359375f, x));
+  float p = c[5];
+  for (int i = 4; i >= 0; --i) p = std::fma(p, r, c[i]);
+  p = std::fma(p, r, 1.0f);
+  return std::ldexp(p, static_cast<int>(k));
+}
+
+// w_j = exp(s_j - m) for n scores, value by value (exp_weight); returns
+// their sum in order j = 0, 1, ...
+inline float softmax_weights(const float* s, float* w, std::size_t n, float m) noexcept {
+  float sum = 0.0f;
+  for (std::size_t j = 0; j < n; ++j) {
+    w[j] = exp_weight(s[j] - m);
+    sum += w[j];
+  }
+  return sum;
 }
 
 // x (n floats) quantized symmetrically: *scale = s = max_c |x_c| / 127 (the

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include <Eigen/Core>
@@ -490,15 +491,22 @@ class SoftmaxTile {
       const T old_max = head.row_max[r];
       const T new_max = std::max(old_max, row.maxCoeff());
       const T shift = new_max == neg_inf ? T(0) : new_max;
-      weights = (row.array() - shift).exp().matrix();
-      if (clear) row.setZero();
-      // A vectorised exp need not return exactly 0 for -inf (Eigen's double
-      // exp clamps to ~5e-309): masked weights are set to 0 here.
-      if (partial) mask_row(weights, static_cast<std::size_t>(r) / group_, j0, n);
+      T sum;
+      if constexpr (std::is_same<T, float>::value) {
+        // The kernel layer's weights: a masked (-inf) score gives exactly 0.
+        sum = rope::softmax_weights_row(row.data(), weights.data(), n, shift, clear);
+      } else {
+        weights = (row.array() - shift).exp().matrix();
+        if (clear) row.setZero();
+        // A vectorised exp need not return exactly 0 for -inf (Eigen's double
+        // exp clamps to ~5e-309): masked weights are set to 0 here.
+        if (partial) mask_row(weights, static_cast<std::size_t>(r) / group_, j0, n);
+        sum = weights.sum();
+      }
       const T correction =
           (old_max == neg_inf || new_max == neg_inf) ? T(old_max == neg_inf ? 0 : 1) : std::exp(old_max - new_max);
       if (new_max != neg_inf) head.row_max[r] = new_max;
-      head.row_sum[r] = head.row_sum[r] * correction + weights.sum();
+      head.row_sum[r] = head.row_sum[r] * correction + sum;
       if (correction != T(1)) head.acc.row(r) *= correction;
     }
   }

@@ -4,6 +4,7 @@
 //   weighted_rows: acc_r += sum_j weight_(r, j) value_j          (r < rows, j < n)
 //   rms_norm_row:  y = RMSNorm(x), in the order attention/append.hpp documents
 //   rms_norm_rows: the same over many rows of one weight row (a token's heads)
+//   softmax_weights_row: w_j = exp(s_j - m) and their sum (a softmax tile's row)
 //
 // A decode step has a few query rows per key/value head; for them a score
 // tile is a handful of dot products and the weighted sum of values a handful
@@ -237,6 +238,82 @@ void sum_squares8_rows(const float* x, std::size_t stride, std::size_t rows, std
 template <class Arch = xsimd::default_arch>
 float rms_inverse(float ss, std::size_t n, float eps) noexcept {
   return 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+}
+
+namespace detail {
+
+// The steps of softmax_weights_row, lane by lane (reference::exp_weight
+// takes them value by value), for x = s - m <= 0:
+//   t = x * log2(e)                       (rounded)
+//   t < -125: the weight is 0             (e^x < 2^-125 * 1.42, x < -86.6)
+//   k = t rounded to the nearest integer  (ties to even: y = t + (2^23 + 127))
+//   r = (x - k ln2_hi) - k ln2_lo         (two fused multiply-adds, |r| <~ ln(2) / 2;
+//                                          ln2_hi has 9 bits, so k ln2_hi is exact)
+//   p = e^r ~ ((((((c6 r + c5) r + c4) r + c3) r + c2) r + c1) r + 1), one
+//       fused multiply-add per degree
+//   w = p * 2^k                           (exact: 2^k is the low bits of y
+//                                          shifted into the exponent)
+// The c_i are the fit of e^r on [-ln(2)/2, ln(2)/2] with the least maximum
+// relative error (2e-9); with the roundings of r and of Horner's steps, w
+// is within 2 ulps of e^x (tested against long double). NaN gives NaN;
+// -inf gives 0.
+struct ExpWeight {
+  static constexpr float kLog2e = 1.44269504088896341f;
+  static constexpr float kLowest = -125.0f;
+  static constexpr float kRound = 8388735.0f;  // 2^23 + 127
+  static constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+  static constexpr float kC[6] = {
+      1.0f, 4.999999404e-01f, 1.666643173e-01f, 4.166800156e-02f, 8.374155499e-03f, 1.384365372e-03f};
+};
+
+template <class Arch>
+ROPE_ALWAYS_INLINE xsimd::batch<float, Arch> exp_weights(const xsimd::batch<float, Arch>& x) noexcept {
+  using F = xsimd::batch<float, Arch>;
+  using E = ExpWeight;
+  const F t = x * F(E::kLog2e);
+  const auto under = t < F(E::kLowest);  // false for NaN
+  const F y = xsimd::select(under, F(E::kLowest), t) + F(E::kRound);
+  const F k = y - F(E::kRound);
+  const F r = neg_mul_add(k, F(E::kLn2Lo), neg_mul_add(k, F(E::kLn2Hi), x));
+  F p(E::kC[5]);
+  for (int i = 4; i >= 0; --i) p = mul_add(p, r, F(E::kC[i]));
+  p = mul_add(p, r, F(1.0f));
+  return xsimd::select(under, F(0.0f), p * as_float(as_bits(y) << 23));
+}
+
+}  // namespace detail
+
+// w_j = exp(s_j - m) for n scores of a softmax row whose running maximum is
+// m; returns the sum of the weights (each lane's in order, then across the
+// lanes, then the last n % lanes in order). With clear, s_j is set to 0 once
+// read, so that a buffer of scores can take the next tile's GEMM without
+// being zeroed first. The steps and their bound are detail::ExpWeight's:
+// the same bits as reference::softmax_weights where Arch has fused
+// multiply-adds. A weight below 2^-125 is 0, -inf gives 0, NaN gives NaN.
+// Preconditions: s_j <= m or s_j is NaN; w is s (then clear is false) or
+// overlaps it nowhere.
+template <class Arch = xsimd::default_arch>
+float softmax_weights_row(float* s, float* w, std::size_t n, float m, bool clear) noexcept {
+  using F = xsimd::batch<float, Arch>;
+  constexpr std::size_t lanes = F::size;
+  const std::size_t full = n - n % lanes;
+  const F mb(m);
+  F total(0.0f);
+  for (std::size_t j = 0; j < full; j += lanes) {
+    const F e = detail::exp_weights<Arch>(F::load_unaligned(s + j) - mb);
+    e.store_unaligned(w + j);
+    if (clear) F(0.0f).store_unaligned(s + j);
+    total = total + e;
+  }
+  float sum = detail::sum_lanes(total);
+  if (full < n) {
+    const std::size_t bytes = (n - full) * sizeof(float);
+    const F e = detail::exp_weights<Arch>(detail::load_partial<F>(s + full, bytes) - mb);
+    detail::store_partial(e, w + full, bytes);
+    if (clear) detail::store_partial(F(0.0f), s + full, bytes);
+    for (std::size_t j = full; j < n; ++j) sum += w[j];
+  }
+  return sum;
 }
 
 // y = RMSNorm(x) over n floats: r = 1 / sqrt(sum_squares8(x) / n + eps),

@@ -1,6 +1,7 @@
 // rope/kernels/kv_rows.hpp — attention's rows over a KV cache stored as
 // float, bfloat16, float16 or int8: the dot products of query rows with a
-// key, the weighted sums of values, and the softmax of one row of scores.
+// key, the weighted sums of values, and the softmax of one row of scores
+// (its weights by softmax_weights_row, kernels/attention_rows.hpp).
 //
 // Arithmetic is in float. A stored value is widened exactly (int8 before its
 // scale, which the caller applies: q . (s k) = s (q . k)); a NaN stays a
@@ -52,6 +53,7 @@
 #include "../detail/prefetch.hpp"
 #include "../detail/simd.hpp"
 #include "../half.hpp"
+#include "attention_rows.hpp"
 
 namespace rope {
 
@@ -435,28 +437,6 @@ float max_row(const float* s, std::size_t n) noexcept {
   return m;
 }
 
-// s_j <- exp(s_j - m) for n scores; returns their sum, added lane by lane
-// and then across lanes. A NaN score makes its weight and the sum NaN.
-template <class Arch = xsimd::default_arch>
-float exp_row(float* s, std::size_t n, float m) noexcept {
-  using F = xsimd::batch<float, Arch>;
-  constexpr std::size_t lanes = F::size;
-  const std::size_t full = n - n % lanes;
-  const F mb(m);
-  F total(0.0f);
-  for (std::size_t j = 0; j < full; j += lanes) {
-    const F e = xsimd::exp(F::load_unaligned(s + j) - mb);
-    e.store_unaligned(s + j);
-    total = total + e;
-  }
-  float t = detail::sum_lanes(total);
-  for (std::size_t j = full; j < n; ++j) {
-    s[j] = std::exp(s[j] - m);
-    t += s[j];
-  }
-  return t;
-}
-
 // s_j <- cap * tanh(s_j / cap) for n scores (cap > 0).
 template <class Arch = xsimd::default_arch>
 void softcap_row(float* s, std::size_t n, float cap) noexcept {
@@ -591,7 +571,7 @@ void attend_chunks(const KvKeys<E>& a, const float* qp, float* scores, float* ap
       const float mc = max_row<Arch>(sr, count);
       const float m_new = mc > m[h] ? mc : m[h];
       const float carried = m[h] == m_new ? 1.0f : std::exp(m[h] - m_new);
-      const float sum = exp_row<Arch>(sr, count, m_new);
+      const float sum = softmax_weights_row<Arch>(sr, sr, count, m_new, false);
       l[h] = l[h] * carried + sum;
       if (carried != 1.0f) {
         for (std::size_t c = 0; c < dv; ++c) ap[h * dv + c] *= carried;
