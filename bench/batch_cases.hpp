@@ -11,11 +11,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include <rope/attention.hpp>
 #include <rope/detail/simd.hpp>
@@ -94,6 +97,16 @@ inline std::uint32_t sum_words(const std::uint32_t* p, std::size_t n) noexcept {
   std::uint32_t s = rope::detail::sum_lanes((a0 + a1) + (a2 + a3));
   for (; i < n; ++i) s += p[i];
   return s;
+}
+
+// The size of the last-level cache where the system says (0 where not).
+inline std::size_t last_level_cache() {
+#if defined(_SC_LEVEL3_CACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE)
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return static_cast<std::size_t>(std::max({l3, l2, 0L}));
+#else
+  return 0;
+#endif
 }
 
 // `bytes` of pseudo-random 32-bit words on cache lines, as the caches are.
@@ -279,7 +292,19 @@ template <class E>
 struct BatchCaches : Held {
   std::vector<std::int64_t> lengths;
   std::unique_ptr<BatchCase<E>> layouts[2];
+  rope_bench::LineVector<std::uint32_t> other;  // words no call reads (evict)
   explicit BatchCaches(std::vector<std::int64_t> lens) : lengths(std::move(lens)) {}
+
+  // A read of other bytes, as many as a call reads and at least one and a
+  // half times the last-level cache: run before every timed stretch of a
+  // batch case, so that each starts with its own bytes out of the caches,
+  // as a decode step finds a layer's cache after the other layers' (see
+  // batch_case).
+  void evict() {
+    if (other.empty()) other = read_words(std::max(kv_bytes<E>(lengths), last_level_cache() / 2 * 3));
+    std::uint32_t s = sum_words(other.data(), other.size());
+    benchmark::DoNotOptimize(s);
+  }
   BatchCase<E>& get(Layout layout) {
     auto& c = layouts[layout == Layout::paged ? 1 : 0];
     if (!c) c = std::make_unique<BatchCase<E>>(lengths, layout);
@@ -292,12 +317,22 @@ struct BatchCaches : Held {
 // on one thread (counter vs_T1); a paged case also with the contiguous
 // case of the same threads (counter vs_contiguous). key names the batch:
 // its two layouts are held together.
+//
+// Every stretch, the case's and each baseline's, comes after a read of
+// other bytes that empties the last-level cache (BatchCaches::evict,
+// outside the timing). Without it a stretch found in that cache what the
+// stretches before it had left: a bf16 batch (134 MB) fits whole in a
+// 300 MB L3, so in the order the stretches run (read, contiguous call,
+// paged call) the ratios measured the order: the read of a paged case came
+// right after the paged call over the same bytes, and the call of a T2
+// case right after the T1 call.
 template <class E>
 void batch_case(benchmark::State& state, std::vector<std::int64_t> lengths, Layout layout, std::size_t threads,
                 std::string key) {
   auto& caches = hold<BatchCaches<E>>(key, [&] { return std::make_unique<BatchCaches<E>>(lengths); });
   BatchCase<E>& c = caches.get(layout);
   BatchCall<E> call(c, threads);
+  const std::function<void()> evict = [&caches] { caches.evict(); };
   std::unique_ptr<BatchCall<E>> baseline;
   std::vector<rope_bench::BaselineCall> baselines;
   if (threads == 1) {
@@ -307,20 +342,22 @@ void batch_case(benchmark::State& state, std::vector<std::int64_t> lengths, Layo
       state.SkipWithError("the paired read does not cover the bytes the call reads");
       return;
     }
-    baselines.push_back({"vs_read", [&] {
+    baselines.push_back({"vs_read",
+                         [&] {
                            std::uint32_t s = c.read();
                            benchmark::DoNotOptimize(s);
-                         }});
+                         },
+                         evict});
   } else {
     baseline = std::make_unique<BatchCall<E>>(c, 1);
-    baselines.push_back({"vs_T1", [&] { (*baseline)(); }});
+    baselines.push_back({"vs_T1", [&] { (*baseline)(); }, evict});
   }
   std::unique_ptr<BatchCall<E>> contiguous;
   if (layout == Layout::paged && caches.lengths.size() > 1) {
     contiguous = std::make_unique<BatchCall<E>>(caches.get(Layout::contiguous), threads);
-    baselines.push_back({"vs_contiguous", [&] { (*contiguous)(); }});
+    baselines.push_back({"vs_contiguous", [&] { (*contiguous)(); }, evict});
   }
-  rope_bench::paired(state, 1, baselines, call, [] {});
+  rope_bench::paired(state, 1, baselines, call, evict);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(kv_bytes<E>(c.lengths)));
 }
