@@ -99,6 +99,10 @@ inline std::uint32_t sum_words(const std::uint32_t* p, std::size_t n) noexcept {
   return s;
 }
 
+// What BatchCaches::evict reads where the system does not say how large
+// its last-level cache is: more than any L3 one core reaches today.
+constexpr std::size_t kUnknownCacheEviction = std::size_t{1} << 30;
+
 // The size of the last-level cache where the system says (0 where not).
 inline std::size_t last_level_cache() {
 #if defined(_SC_LEVEL3_CACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE)
@@ -296,12 +300,15 @@ struct BatchCaches : Held {
   explicit BatchCaches(std::vector<std::int64_t> lens) : lengths(std::move(lens)) {}
 
   // A read of other bytes, as many as a call reads and at least one and a
-  // half times the last-level cache: run before every timed stretch of a
-  // batch case, so that each starts with its own bytes out of the caches,
-  // as a decode step finds a layer's cache after the other layers' (see
-  // batch_case).
+  // half times the last-level cache (1 GiB where the system does not say):
+  // run before every timed stretch of a batch case, so that each starts
+  // with its own bytes out of the caches, as a decode step finds a layer's
+  // cache after the other layers' (see batch_case).
   void evict() {
-    if (other.empty()) other = read_words(std::max(kv_bytes<E>(lengths), last_level_cache() / 2 * 3));
+    if (other.empty()) {
+      const std::size_t cache = last_level_cache();
+      other = read_words(std::max(kv_bytes<E>(lengths), cache > 0 ? cache / 2 * 3 : kUnknownCacheEviction));
+    }
     std::uint32_t s = sum_words(other.data(), other.size());
     benchmark::DoNotOptimize(s);
   }

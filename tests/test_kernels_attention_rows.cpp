@@ -204,6 +204,8 @@ TYPED_TEST(AttentionRows, RmsNormRowsAreThePlainLoopBitForBit) {
 //   - are within 2 ulps of e^x, x = s_j - m as rounded to float (4 where
 //     Horner's steps round twice), and 0 where e^x < 2^-125;
 //   - are exactly 1 at s_j = m, 0 at -inf, NaN at NaN;
+//   - equal the twin at the ties, where x log2(e) is half-way between two
+//     integers;
 // the sum is within n eps of the weights' exact sum; with clear the n scores
 // are 0 after and nothing past them is written; in place gives the same bits.
 TYPED_TEST(AttentionRows, SoftmaxWeightsMatchTheirTwinAndLongDouble) {
@@ -266,6 +268,35 @@ TYPED_TEST(AttentionRows, SoftmaxWeightsMatchTheirTwinAndLongDouble) {
                   static_cast<double>(n) * eps * static_cast<double>(exact_sum));
     }
   }
+  // Ties: scores whose t = x log2(e) lies exactly half-way between two
+  // integers (rare: found by a scan near each half-integer), where the
+  // rounding of t to k decides the bits.
+  std::vector<float> ties;
+  for (int h = 0; h < 125; ++h) {
+    const float half = -0.5f - static_cast<float>(h);
+    float up = half / 1.44269504088896341f, down = up;
+    for (int step = 0; step < 2048; ++step) {
+      if (up * 1.44269504088896341f == half) ties.push_back(up);
+      if (down * 1.44269504088896341f == half) ties.push_back(down);
+      up = std::nextafter(up, 0.0f);
+      down = std::nextafter(down, -200.0f);
+    }
+  }
+  ASSERT_GE(ties.size(), 5u) << "the scan found too few ties to test";
+  std::vector<float> tie_w(ties.size()), tie_twin(ties.size());
+  rope::softmax_weights_row<Arch>(ties.data(), tie_w.data(), ties.size(), 0.0f, false);
+  rope::reference::softmax_weights(ties.data(), tie_twin.data(), ties.size(), 0.0f);
+  for (std::size_t i = 0; i < ties.size(); ++i) {
+    if (rope_test::kFusedMultiplyAdd<Arch>) {
+      ASSERT_EQ(std::memcmp(&tie_w[i], &tie_twin[i], sizeof(float)), 0)
+          << Arch::name() << " tie x " << ties[i] << ": " << tie_w[i] << " against " << tie_twin[i];
+    }
+    const long double exact = std::exp(static_cast<long double>(ties[i]));
+    const float ulp = std::nextafter(static_cast<float>(exact), 2.0f) - static_cast<float>(exact);
+    ASSERT_NEAR(static_cast<double>(tie_w[i]), static_cast<double>(exact), ulps * static_cast<double>(ulp))
+        << Arch::name() << " tie x " << ties[i];
+  }
+
   std::vector<float> s = {0.0f, std::numeric_limits<float>::quiet_NaN(), -1.0f}, w(3);
   rope::softmax_weights_row<Arch>(s.data(), w.data(), s.size(), 0.0f, false);
   EXPECT_EQ(w[0], 1.0f);

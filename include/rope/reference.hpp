@@ -113,7 +113,7 @@ void weighted_kv(const float* weights, std::size_t weight_stride, std::size_t ro
 }
 
 // e^x for x <= 0 (or NaN) as 2^k e^r: k the integer nearest x log2(e)
-// (rounded), r = x - k ln(2) in two steps (ln(2) split into 0.693359375 and
+// (rounded; ties to even), r = x - k ln(2) in two steps (ln(2) split into 0.693359375 and
 // the rest), e^r by its degree-6 polynomial fit on [-ln(2)/2, ln(2)/2] (the
 // coefficients below) in Horner's order, each step one std::fma; x log2(e)
 // < -125 gives 0. The steps of kernels/attention_rows.hpp's

@@ -246,13 +246,13 @@ namespace detail {
 // takes them value by value), for x = s - m <= 0:
 //   t = x * log2(e)                       (rounded)
 //   t < -125: the weight is 0             (e^x < 2^-125 * 1.42, x < -86.6)
-//   k = t rounded to the nearest integer  (ties to even: y = t + (2^23 + 127))
+//   k = t rounded to the nearest integer, ties to even: (t + 1.5 * 2^23) - 1.5 * 2^23
 //   r = (x - k ln2_hi) - k ln2_lo         (two fused multiply-adds, |r| <~ ln(2) / 2;
 //                                          ln2_hi has 9 bits, so k ln2_hi is exact)
 //   p = e^r ~ ((((((c6 r + c5) r + c4) r + c3) r + c2) r + c1) r + 1), one
 //       fused multiply-add per degree
-//   w = p * 2^k                           (exact: 2^k is the low bits of y
-//                                          shifted into the exponent)
+//   w = p * 2^k                           (exact: 2^k is the low bits of
+//                                          k + 2^23 + 127 shifted into the exponent)
 // The c_i are the fit of e^r on [-ln(2)/2, ln(2)/2] with the least maximum
 // relative error (2e-9); with the roundings of r and of Horner's steps, w
 // is within 2 ulps of e^x (tested against long double). NaN gives NaN;
@@ -260,7 +260,8 @@ namespace detail {
 struct ExpWeight {
   static constexpr float kLog2e = 1.44269504088896341f;
   static constexpr float kLowest = -125.0f;
-  static constexpr float kRound = 8388735.0f;  // 2^23 + 127
+  static constexpr float kRound = 12582912.0f;    // 1.5 * 2^23: t + kRound rounds t
+  static constexpr float kExponent = 8388735.0f;  // 2^23 + 127: its low bits are 127
   static constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
   static constexpr float kC[6] = {
       1.0f, 4.999999404e-01f, 1.666643173e-01f, 4.166800156e-02f, 8.374155499e-03f, 1.384365372e-03f};
@@ -272,13 +273,12 @@ ROPE_ALWAYS_INLINE xsimd::batch<float, Arch> exp_weights(const xsimd::batch<floa
   using E = ExpWeight;
   const F t = x * F(E::kLog2e);
   const auto under = t < F(E::kLowest);  // false for NaN
-  const F y = xsimd::select(under, F(E::kLowest), t) + F(E::kRound);
-  const F k = y - F(E::kRound);
+  const F k = (xsimd::select(under, F(E::kLowest), t) + F(E::kRound)) - F(E::kRound);
   const F r = neg_mul_add(k, F(E::kLn2Lo), neg_mul_add(k, F(E::kLn2Hi), x));
   F p(E::kC[5]);
   for (int i = 4; i >= 0; --i) p = mul_add(p, r, F(E::kC[i]));
   p = mul_add(p, r, F(1.0f));
-  return xsimd::select(under, F(0.0f), p * as_float(as_bits(y) << 23));
+  return xsimd::select(under, F(0.0f), p * as_float(as_bits(k + F(E::kExponent)) << 23));
 }
 
 }  // namespace detail
