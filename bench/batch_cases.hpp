@@ -19,6 +19,9 @@
 #include <vector>
 
 #include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include <rope/attention.hpp>
 #include <rope/detail/simd.hpp>
@@ -261,6 +264,29 @@ struct BatchCase : Held {
     return s;
   }
 
+  // Writes back and drops from every cache level the lines of the bytes a
+  // call reads (x86: CLFLUSHOPT where the build targets it, else CLFLUSH);
+  // false where the instruction set has no such instruction.
+  bool flush() const {
+#if defined(__x86_64__) || defined(__i386__)
+    each_run([](const void* p, std::size_t bytes) {
+      const auto first = reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t{63};
+      const auto end = reinterpret_cast<std::uintptr_t>(p) + bytes;
+      for (std::uintptr_t line = first; line < end; line += 64) {
+#if defined(__CLFLUSHOPT__)
+        _mm_clflushopt(reinterpret_cast<void*>(line));
+#else
+        _mm_clflush(reinterpret_cast<const void*>(line));
+#endif
+      }
+    });
+    _mm_mfence();
+    return true;
+#else
+    return false;
+#endif
+  }
+
   ra::Batch batch() const noexcept {
     return {q_starts.data(), lengths.data(), block_table.data(), stride, lengths.size()};
   }
@@ -299,12 +325,14 @@ struct BatchCaches : Held {
   rope_bench::LineVector<std::uint32_t> other;  // words no call reads (evict)
   explicit BatchCaches(std::vector<std::int64_t> lens) : lengths(std::move(lens)) {}
 
-  // A read of other bytes, as many as a call reads and at least one and a
-  // half times the last-level cache (1 GiB where the system does not say):
-  // run before every timed stretch of a batch case, so that each starts
-  // with its own bytes out of the caches, as a decode step finds a layer's
-  // cache after the other layers' (see batch_case).
-  void evict() {
+  // Before every timed stretch of a batch case, so that each starts with
+  // the bytes it reads out of the caches, as a decode step finds a layer's
+  // cache after the other layers' (see batch_case): those bytes flushed
+  // line by line (x86), or where that cannot be done, a read of other
+  // bytes, as many as a call reads and at least one and a half times the
+  // last-level cache (1 GiB where the system does not say).
+  void evict(const BatchCase<E>& reader) {
+    if (reader.flush()) return;
     if (other.empty()) {
       const std::size_t cache = last_level_cache();
       other = read_words(std::max(kv_bytes<E>(lengths), cache > 0 ? cache / 2 * 3 : kUnknownCacheEviction));
@@ -325,21 +353,22 @@ struct BatchCaches : Held {
 // case of the same threads (counter vs_contiguous). key names the batch:
 // its two layouts are held together.
 //
-// Every stretch, the case's and each baseline's, comes after a read of
-// other bytes that empties the last-level cache (BatchCaches::evict,
-// outside the timing). Without it a stretch found in that cache what the
-// stretches before it had left: a bf16 batch (134 MB) fits whole in a
-// 300 MB L3, so in the order the stretches run (read, contiguous call,
-// paged call) the ratios measured the order: the read of a paged case came
-// right after the paged call over the same bytes, and the call of a T2
-// case right after the T1 call.
+// Every stretch, the case's and each baseline's, starts with the bytes it
+// reads flushed from the caches (BatchCaches::evict, outside the timing).
+// Without it a stretch found in the caches what the stretches before it
+// had left: a bf16 batch (134 MB) fits whole in a 300 MB L3, so in the
+// order the stretches run (read, contiguous call, paged call) the ratios
+// measured the order: the read of a paged case came right after the paged
+// call over the same bytes, and the call of a T2 case right after the T1
+// call. A read of 1.5x the L3 in between was not enough: lines read twice
+// per iteration survived it.
 template <class E>
 void batch_case(benchmark::State& state, std::vector<std::int64_t> lengths, Layout layout, std::size_t threads,
                 std::string key) {
   auto& caches = hold<BatchCaches<E>>(key, [&] { return std::make_unique<BatchCaches<E>>(lengths); });
   BatchCase<E>& c = caches.get(layout);
   BatchCall<E> call(c, threads);
-  const std::function<void()> evict = [&caches] { caches.evict(); };
+  const std::function<void()> evict = [&caches, &c] { caches.evict(c); };
   std::unique_ptr<BatchCall<E>> baseline;
   std::vector<rope_bench::BaselineCall> baselines;
   if (threads == 1) {
@@ -362,7 +391,8 @@ void batch_case(benchmark::State& state, std::vector<std::int64_t> lengths, Layo
   std::unique_ptr<BatchCall<E>> contiguous;
   if (layout == Layout::paged && caches.lengths.size() > 1) {
     contiguous = std::make_unique<BatchCall<E>>(caches.get(Layout::contiguous), threads);
-    baselines.push_back({"vs_contiguous", [&] { (*contiguous)(); }, evict});
+    BatchCase<E>& other = caches.get(Layout::contiguous);
+    baselines.push_back({"vs_contiguous", [&] { (*contiguous)(); }, [&caches, &other] { caches.evict(other); }});
   }
   rope_bench::paired(state, 1, baselines, call, evict);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
