@@ -390,9 +390,9 @@ void batch_case(benchmark::State& state, std::vector<std::int64_t> lengths, Layo
   }
   std::unique_ptr<BatchCall<E>> contiguous;
   if (layout == Layout::paged && caches.lengths.size() > 1) {
-    contiguous = std::make_unique<BatchCall<E>>(caches.get(Layout::contiguous), threads);
-    BatchCase<E>& other = caches.get(Layout::contiguous);
-    baselines.push_back({"vs_contiguous", [&] { (*contiguous)(); }, [&caches, &other] { caches.evict(other); }});
+    BatchCase<E>& flat = caches.get(Layout::contiguous);
+    contiguous = std::make_unique<BatchCall<E>>(flat, threads);
+    baselines.push_back({"vs_contiguous", [&] { (*contiguous)(); }, [&caches, &flat] { caches.evict(flat); }});
   }
   rope_bench::paired(state, 1, baselines, call, evict);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *

@@ -211,8 +211,6 @@ class SoftmaxTile {
   static constexpr std::size_t kRowAlign = 64 / sizeof(T);
 
  private:
-  using Piece = TilePiece;
-
   // Sorted keys: each token sees one range. Keys every token of the tile
   // sees are swept unmasked, the ragged ends masked.
   void sweep_sorted(std::size_t lk, std::size_t bk) {
@@ -379,14 +377,14 @@ class SoftmaxTile {
     const Eigen::Index rows = head.q.rows(), bn = static_cast<Eigen::Index>(n);
     if (ws_.zeroed.size() < rows * bn) ws_.zeroed.setZero(rows * bn);
     RowsMap<T> scores(ws_.zeroed.data(), rows, bn, Eigen::OuterStride<>(bn));
-    for (const Piece& p : ws_.pieces) {
+    for (const TilePiece& p : ws_.pieces) {
       scores.block(p.r0, p.c0, p.rows, p.cols).noalias() +=
           head.q.middleRows(p.r0, p.rows) * keys.middleRows(p.c0, p.cols).transpose();
     }
     ws_.scores.resize(rows, bn);
     update(head, scores, ws_.scores, j0, n, partial);
     if (!partial || values_finite(j0, n)) {
-      for (const Piece& p : ws_.pieces) {
+      for (const TilePiece& p : ws_.pieces) {
         head.acc.middleRows(p.r0, p.rows).noalias() +=
             ws_.scores.block(p.r0, p.c0, p.rows, p.cols) * values.middleRows(p.c0, p.cols);
       }
