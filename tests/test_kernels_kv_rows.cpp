@@ -419,6 +419,38 @@ TYPED_TEST(KvRows, FoldSumsSumsEachBatchWithTheBitsOfItsSumAlone) {
   if constexpr (L >= 16) check_fold_sums<16, Arch>();
 }
 
+// dot_kv_keys, two keys at once, against dot_kv_group on each key alone
+// with its own scale: the same bits for every row, each row's two scores
+// side by side, and nothing past them written.
+template <std::size_t R, class E, class Arch>
+void check_dot_kv_keys() {
+  constexpr std::size_t d = 128, K = 2, stride = 5;
+  if constexpr (R * K <= xsimd::batch<float, Arch>::size) {
+    const auto q = rope_test::random_vector<float>(R * d, 61 + R);
+    const auto k0 = random_elements<E>(d, 62), k1 = random_elements<E>(d, 63);
+    const E* keys[K] = {k0.data(), k1.data()};
+    const float scales[K] = {0.125f, -3.0f};
+    std::vector<float> got(R * stride, 7.0f), want(R * stride, 7.0f);
+    rope::detail::dot_kv_keys<R, K, E, Arch, d>(q.data(), keys, got.data(), stride, scales);
+    for (std::size_t k = 0; k < K; ++k) {
+      rope::detail::dot_kv_group<R, E, Arch, d>(q.data(), d, d, keys[k], want.data() + k, stride, scales[k]);
+    }
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+        << Arch::name() << " " << element_name<E>() << " R " << R;
+    for (std::size_t r = 0; r < R; ++r) ASSERT_EQ(got[r * stride + K], 7.0f) << "written past row " << r;
+  }
+}
+
+TYPED_TEST(KvRows, DotKvKeysGivesTheBitsOfOneKeyAtATime) {
+  for_each_element([](auto e) {
+    using E = decltype(e);
+    check_dot_kv_keys<1, E, TypeParam>();
+    check_dot_kv_keys<2, E, TypeParam>();
+    check_dot_kv_keys<4, E, TypeParam>();
+    check_dot_kv_keys<8, E, TypeParam>();
+  });
+}
+
 // attend_keys' chunks compiled for head_dim 128 with 4 or 8 query heads per
 // key/value head against its loops for any shape: the same bytes of (m, l,
 // acc), over pages given out of order, a first key inside a page, whole and
