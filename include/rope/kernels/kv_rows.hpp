@@ -268,8 +268,10 @@ ROPE_ALWAYS_INLINE void dot_kv_group(const float* q, std::size_t q_stride, std::
 // of stored values): score k of row r at scores[r * score_stride + k], times
 // scales[k]. Each score is the same arithmetic in the same order as
 // dot_kv_group's, and the R * K sums are folded in the tree that folds R
-// alone (fold_sums), so it has the same bits; the keys' chains are
-// independent, and one fold and one multiply serve them all.
+// alone (fold_sums), so it has the same bits. One fold, one multiply and
+// one store per row serve all K keys. Where the K keys' sums fit in
+// registers together their chains run side by side, each query load
+// serving every key; else key after key (int8's four planes).
 template <std::size_t R, std::size_t K, class E, class Arch, std::size_t D>
 ROPE_ALWAYS_INLINE void dot_kv_keys(const float* q, const E* const* keys, float* scores, std::size_t score_stride,
                                     const float* scales) noexcept {
@@ -279,40 +281,45 @@ ROPE_ALWAYS_INLINE void dot_kv_keys(const float* q, const E* const* keys, float*
   constexpr std::size_t W = P * lanes;
   static_assert(D > 0 && D % W == 0, "whole blocks of stored values");
   static_assert(R * K <= lanes, "the sums of all keys and rows fold into one batch");
-  F sum[K][R][P];
-  ROPE_UNROLL
-  for (std::size_t k = 0; k < K; ++k) {
-    ROPE_UNROLL
-    for (std::size_t r = 0; r < R; ++r) {
-      ROPE_UNROLL
-      for (std::size_t p = 0; p < P; ++p) sum[k][r][p] = F(0.0f);
-    }
-  }
-  for (std::size_t base = 0; base < D; base += W) {
-    F planes[K][P];
-    ROPE_UNROLL
-    for (std::size_t k = 0; k < K; ++k) KvPlanes<E, Arch>::load(keys[k] + base, planes[k]);
-    ROPE_UNROLL
-    for (std::size_t r = 0; r < R; ++r) {
-      ROPE_UNROLL
-      for (std::size_t p = 0; p < P; ++p) {
-        const F qv = F::load_unaligned(q + r * D + base + p * lanes);
-        ROPE_UNROLL
-        for (std::size_t k = 0; k < K; ++k) sum[k][r][p] = mul_add(qv, planes[k][p], sum[k][r][p]);
-      }
-    }
-  }
+  // Keys whose sums run side by side.
+  constexpr std::size_t T = K * R * P + K * P + 1 <= vector_registers<Arch>() ? K : 1;
   // Lane r * K + k of the fold: row r's score of key k, so that each row's
   // K scores leave together.
   F total[R * K];
   ROPE_UNROLL
-  for (std::size_t r = 0; r < R; ++r) {
+  for (std::size_t k0 = 0; k0 < K; k0 += T) {
+    F sum[T][R][P];
     ROPE_UNROLL
-    for (std::size_t k = 0; k < K; ++k) {
-      F t = sum[k][r][0];
+    for (std::size_t k = 0; k < T; ++k) {
       ROPE_UNROLL
-      for (std::size_t p = 1; p < P; ++p) t = t + sum[k][r][p];
-      total[r * K + k] = t;
+      for (std::size_t r = 0; r < R; ++r) {
+        ROPE_UNROLL
+        for (std::size_t p = 0; p < P; ++p) sum[k][r][p] = F(0.0f);
+      }
+    }
+    for (std::size_t base = 0; base < D; base += W) {
+      F planes[T][P];
+      ROPE_UNROLL
+      for (std::size_t k = 0; k < T; ++k) KvPlanes<E, Arch>::load(keys[k0 + k] + base, planes[k]);
+      ROPE_UNROLL
+      for (std::size_t r = 0; r < R; ++r) {
+        ROPE_UNROLL
+        for (std::size_t p = 0; p < P; ++p) {
+          const F qv = F::load_unaligned(q + r * D + base + p * lanes);
+          ROPE_UNROLL
+          for (std::size_t k = 0; k < T; ++k) sum[k][r][p] = mul_add(qv, planes[k][p], sum[k][r][p]);
+        }
+      }
+    }
+    ROPE_UNROLL
+    for (std::size_t r = 0; r < R; ++r) {
+      ROPE_UNROLL
+      for (std::size_t k = 0; k < T; ++k) {
+        F t = sum[k][r][0];
+        ROPE_UNROLL
+        for (std::size_t p = 1; p < P; ++p) t = t + sum[k][r][p];
+        total[r * K + k0 + k] = t;
+      }
     }
   }
   alignas(64) float lane_scales[lanes];
@@ -325,11 +332,11 @@ ROPE_ALWAYS_INLINE void dot_kv_keys(const float* q, const E* const* keys, float*
 }
 
 // How many keys attend_keys' compiled shapes score at once: two where their
-// sums and planes fit in registers beside a query load, else one.
+// sums fold into one batch and, one key after the other, fit in registers.
 template <std::size_t R, class E, class Arch>
 constexpr std::size_t kv_keys_at_once() noexcept {
   constexpr std::size_t P = KvElement<E>::kPerLane;
-  return 2 * R * P + 2 * P + 1 <= vector_registers<Arch>() && 2 * R <= xsimd::batch<float, Arch>::size ? 2 : 1;
+  return R * P + 2 * R + P + 1 <= vector_registers<Arch>() && 2 * R <= xsimd::batch<float, Arch>::size ? 2 : 1;
 }
 
 // acc_r += sum_j w_rj value_j (R rows, n values, value(j) its dv stored
@@ -514,6 +521,17 @@ float max_row(const float* s, std::size_t n) noexcept {
   }
   for (std::size_t j = full; j < n; ++j) m = s[j] > m ? s[j] : m;
   return m;
+}
+
+// x_j <- x_j * y_j for n floats (x and y apart or the same).
+template <class Arch = xsimd::default_arch>
+void multiply_row(float* x, const float* y, std::size_t n) noexcept {
+  using F = xsimd::batch<float, Arch>;
+  constexpr std::size_t lanes = F::size;
+  const std::size_t full = n - n % lanes;
+  for (std::size_t j = 0; j < full; j += lanes)
+    (F::load_unaligned(x + j) * F::load_unaligned(y + j)).store_unaligned(x + j);
+  for (std::size_t j = full; j < n; ++j) x[j] *= y[j];
 }
 
 // s_j <- cap * tanh(s_j / cap) for n scores (cap > 0).
@@ -707,13 +725,12 @@ void attend_chunks(const KvKeys<E>& a, const float* qp, float* scores, float* ap
     }
     if (a.v_scales != nullptr) {
       // int8: each weight times its value's scale, once (weighted_kv
-      // would multiply them again for every block of channels).
+      // would multiply them again for every block of channels), a row of
+      // weights at a time.
+      float vs[kAttendMaxChunk];
       for (std::size_t g = 0; g < Hk; ++g) {
-        float* w = scores + g * G * S;
-        for (std::size_t t = 0; t < count; ++t) {
-          const float vs = a.v_scales[rows.slots[t] * Hk + g];
-          for (std::size_t r = 0; r < G; ++r) w[r * S + t] *= vs;
-        }
+        for (std::size_t t = 0; t < count; ++t) vs[t] = a.v_scales[rows.slots[t] * Hk + g];
+        for (std::size_t r = 0; r < G; ++r) multiply_row<Arch>(scores + (g * G + r) * S, vs, count);
       }
     }
     // The weighted values, V tokens at a time head by head: each sum adds
