@@ -281,6 +281,7 @@ ROPE_ALWAYS_INLINE void dot_kv_keys(const float* q, const E* const* keys, float*
   constexpr std::size_t W = P * lanes;
   static_assert(D > 0 && D % W == 0, "whole blocks of stored values");
   static_assert(R * K <= lanes, "the sums of all keys and rows fold into one batch");
+  static_assert(K == 1 || K == 2, "one or two keys");
   // Keys whose sums run side by side.
   constexpr std::size_t T = K * R * P + K * P + 1 <= vector_registers<Arch>() ? K : 1;
   // Lane r * K + k of the fold: row r's score of key k, so that each row's
@@ -322,11 +323,11 @@ ROPE_ALWAYS_INLINE void dot_kv_keys(const float* q, const E* const* keys, float*
       }
     }
   }
-  alignas(64) float lane_scales[lanes];
-  ROPE_UNROLL
-  for (std::size_t i = 0; i < lanes; ++i) lane_scales[i] = scales[i % K];
+  // Lane i's scale: key i % K's.
+  F lane_scales(scales[0]);
+  if constexpr (K == 2) lane_scales = xsimd::select(first_blocks<Arch, 1>(), lane_scales, F(scales[1]));
   alignas(64) float out[lanes];
-  (fold_sums<R * K, Arch>(total) * F::load_aligned(lane_scales)).store_aligned(out);
+  (fold_sums<R * K, Arch>(total) * lane_scales).store_aligned(out);
   ROPE_UNROLL
   for (std::size_t r = 0; r < R; ++r) std::memcpy(scores + r * score_stride, out + r * K, K * sizeof(float));
 }
@@ -345,11 +346,10 @@ constexpr std::size_t kv_keys_at_once() noexcept {
 // channels at a time where their sums fit in registers (independent chains).
 // D > 0: the channels (dv) and the rows' stride (acc_stride) are D, known
 // at compile time, and the values unscaled (attend_keys' shapes).
-// ahead(j, base, span) is called at value j of each pass over the channels
-// base .. base + span - 1, to ask for memory that later work reads (it
-// changes no arithmetic).
+// ahead() is called once per value of the first pass over the channels,
+// to ask for memory that later work reads (it changes no arithmetic).
 struct NoAhead {
-  ROPE_ALWAYS_INLINE void operator()(std::size_t, std::size_t, std::size_t) const noexcept {}
+  ROPE_ALWAYS_INLINE void operator()() const noexcept {}
 };
 template <std::size_t R, class E, class Arch, std::size_t D = 0, class Value, class Ahead = NoAhead>
 void weighted_kv_group(const float* weights, std::size_t weight_stride, std::size_t n, Value value,
@@ -378,7 +378,7 @@ void weighted_kv_group(const float* weights, std::size_t weight_stride, std::siz
       }
     }
     for (std::size_t j = 0; j < n; ++j) {
-      ahead(j, base, B * W);
+      if (base == 0) ahead();
       const E* x = value(j) + base;
       F planes[B][P];
       ROPE_UNROLL
@@ -487,10 +487,10 @@ void weighted_kv(const float* weights, std::size_t weight_stride, std::size_t ro
 }
 
 // weighted_kv of n values anywhere, value j at values[j] + value_offset,
-// unscaled: bit for bit weighted_kv of the same values in a row. ahead(j,
-// base, span), when given, is called at value j of each pass over channels
-// base .. base + span - 1 of a group of rows, to prefetch what later work
-// reads; it changes no arithmetic.
+// unscaled: bit for bit weighted_kv of the same values in a row. ahead(),
+// when given, is called once per value of the first pass over the channels
+// of each group of rows, to prefetch what later work reads; it changes no
+// arithmetic.
 template <class E, class Arch = xsimd::default_arch, class Ahead = detail::NoAhead>
 void weighted_kv_rows(const float* weights, std::size_t weight_stride, std::size_t rows, std::size_t n,
                       const E* const* values, std::size_t value_offset, std::size_t dv, float* acc,
@@ -745,8 +745,8 @@ void attend_chunks(const KvKeys<E>& a, const float* qp, float* scores, float* ap
         const float* w = scores + g * G * S + s0;
         const std::size_t offset = g * a.v_head_stride;
         float* ag = ap + g * G * dv;
-        const auto ask = [&](std::size_t, std::size_t base, std::size_t) noexcept {
-          if (base == 0 && pu < ask_end) {
+        const auto ask = [&]() noexcept {
+          if (pu < ask_end) {
             prefetch_l2(rows.v[pu] + ph * a.v_head_stride, dv * sizeof(E));
             if (++ph == Hk) {
               ph = 0;
