@@ -19,6 +19,8 @@
 //   weighted_kv_rows (values anywhere): bit for bit weighted_kv;
 //   fold_sums<N>: exact on integers, within (lanes - 1) eps sum |x|
 //     otherwise, each sum with the bits of fold_sums<1> of its batch alone;
+//   dot_kv_keys (two keys at once): the bits of dot_kv one key at a time;
+//   multiply_row: each product rounded once (the exact product, rounded to float), y apart or x;
 //   max_row exact, softmax_weights_row (in place) and softcap_row within a few ulps of long double.
 #include <gtest/gtest.h>
 
@@ -520,6 +522,25 @@ TYPED_TEST(KvRows, MaxRowIsTheLargestScoreNaNsSkipped) {
         if (!std::isnan(x)) want = std::max(want, x);
       }
       ASSERT_EQ(rope::max_row<Arch>(s.data(), n), want) << Arch::name() << " n " << n << " trial " << trial;
+    }
+  }
+}
+
+// multiply_row: x_j * y_j rounded once, in the lanes and in the tail, with y
+// apart from x and with y = x (the product of two floats is exact in long
+// double, so rounding it to float is the one correct result).
+TYPED_TEST(KvRows, MultiplyRowRoundsEachProductOnce) {
+  using Arch = TypeParam;
+  for (std::size_t n = 0; n <= 70; ++n) {
+    const auto x0 = rope_test::random_vector<float>(n, static_cast<std::uint32_t>(200 + n), 50.0);
+    const auto y = rope_test::random_vector<float>(n, static_cast<std::uint32_t>(300 + n), 3.0);
+    auto x = x0;
+    rope::multiply_row<Arch>(x.data(), y.data(), n);
+    auto sq = x0;
+    rope::multiply_row<Arch>(sq.data(), sq.data(), n);
+    for (std::size_t j = 0; j < n; ++j) {
+      ASSERT_EQ(x[j], static_cast<float>(static_cast<long double>(x0[j]) * y[j])) << Arch::name() << " n " << n;
+      ASSERT_EQ(sq[j], static_cast<float>(static_cast<long double>(x0[j]) * x0[j])) << Arch::name() << " n " << n;
     }
   }
 }
