@@ -826,6 +826,85 @@ TEST(ApplyErrors, PackedNeighboursAreNotAnOverlap) {
       std::invalid_argument);
 }
 
+// A view's bytes must fit in half the address range (the largest
+// std::ptrdiff_t, 2^63 - 1 bytes, rounded down to whole elements). Each view
+// below claims more and points at a short real buffer, of which a call would
+// touch only the first rotary_dim channels of each row: a call that let it
+// through would rotate that buffer, so "refused, naming the argument, and
+// nothing written" is what shows the checks held. Two ways past the range:
+//   - one row of 2^64 bytes (2^62 floats): nothing but the span check sees
+//     it, as there is one row along each stride;
+//   - three rows 2^63 elements apart: stride * (count - 1) wraps to 0 in a
+//     std::size_t, so the span alone reads as one row, and every row lands
+//     on the same address once the byte offsets wrap too (a call let
+//     through would rotate the one real row three times).
+// The largest view the rule allows is accepted and equals the same call on
+// a view of just the rotated channels, bit for bit.
+template <class T>
+void expect_views_past_the_address_range_refused() {
+  constexpr std::size_t kRotary = 8;
+  const TableFor<T> table(rope::frequencies(kRotary), 4);
+  constexpr std::size_t kMaxElements = static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max()) / sizeof(T);
+  constexpr std::size_t kWholeRange = (std::size_t{1} << 63) / sizeof(T) * 2;  // 2^64 bytes, in elements
+  constexpr std::size_t kWrap = std::size_t{1} << 63;                          // * 2 wraps to 0
+  std::vector<T> row = random_tensor<T>(kRotary, 17), q = random_tensor<T>(3 * kRotary, 18);
+  T* const p = row.data();
+  const auto untouched = [&, row0 = row, q0 = q](const std::string& what) {
+    EXPECT_TRUE(same_bytes(row, row0)) << what << ": a refused call wrote to its view";
+    EXPECT_TRUE(same_bytes(q, q0)) << what << ": a refused call wrote to another view";
+  };
+  const auto refused = [&](const std::string& what, auto&& call, const std::string& argument,
+                           const std::string& value) {
+    SCOPED_TRACE(what);
+    rope_test::expect_names(rope_test::message_of<std::invalid_argument>(call), argument, value);
+    untouched(what);
+  };
+  const Style s = Style::rotate_half;
+  const std::string max = std::to_string(kMaxElements);
+
+  // One row of 2^64 bytes, and one element past the limit.
+  for (const std::size_t head_dim : {kWholeRange, kMaxElements + 1}) {
+    refused(
+        "one row of " + std::to_string(head_dim) + " elements",
+        [&] { rope::apply(View<T>(p, 1, 1, head_dim, head_dim, head_dim), table, s, 0); }, "x's span of elements",
+        "at most " + max);
+  }
+  // Rows whose offsets wrap around: along the tokens, along the heads, an
+  // output of the same shape as a plain input, and K of apply_qk.
+  refused(
+      "tokens 2^63 elements apart", [&] { rope::apply(View<T>(p, 3, 1, kRotary, kWrap, kRotary), table, s, 0); },
+      "x.token_stride", std::to_string(kWrap));
+  refused(
+      "heads 2^63 elements apart", [&] { rope::apply(View<T>(p, 1, 3, kRotary, 3 * kRotary, kWrap), table, s, 0); },
+      "x.head_stride", std::to_string(kWrap));
+  refused(
+      "an output whose heads are 2^63 elements apart",
+      [&] {
+        rope::apply<T>(View<const T>(q.data(), 1, 3, kRotary, 3 * kRotary, kRotary),
+                       View<T>(p, 1, 3, kRotary, 3 * kRotary, kWrap), table, s, 0);
+      },
+      "out.head_stride", std::to_string(kWrap));
+  refused(
+      "K with tokens 2^63 elements apart",
+      [&] {
+        rope::apply_qk(View<T>(q.data(), 3, 1, kRotary, kRotary, kRotary), View<T>(p, 3, 1, kRotary, kWrap, kRotary),
+                       table, s, 0);
+      },
+      "k.token_stride", std::to_string(kWrap));
+
+  // The largest view allowed: accepted, and only its rotated channels change.
+  std::vector<T> want = row;
+  rope::apply(View<T>(want.data(), 1, 1, kRotary, kRotary, kRotary), table, s, 3);
+  EXPECT_NO_THROW(rope::apply(View<T>(p, 1, 1, kMaxElements, kMaxElements, kMaxElements), table, s, 3));
+  EXPECT_TRUE(same_bytes(row, want)) << "the largest view allowed";
+}
+
+TEST(ApplyErrors, ViewsPastTheAddressRangeAreRefused) {
+  expect_views_past_the_address_range_refused<float>();
+  expect_views_past_the_address_range_refused<double>();
+  expect_views_past_the_address_range_refused<rope::BFloat16>();
+}
+
 // The compile-time builds of the instruction sets rope::dispatch carries
 // that have fused multiply-adds (AVX2+FMA and AVX-512 on x86-64, NEON on
 // aarch64), through the checked calls with an explicit Arch: bit for bit the
