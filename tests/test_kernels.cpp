@@ -143,7 +143,9 @@ TYPED_TEST(Kernels, PairingsAgreeUpToTheChannelPermutation) {
 
 // rotate_heads equals the reference on every head, for strides that leave
 // gaps between heads, in place and out of place, every rotary_dim (so every
-// tail) and every architecture; the gaps between heads are never touched.
+// tail) and every architecture; the gaps between heads are never touched, in
+// place (the input's) or out of place (the output's, which hold guard values
+// the kernel must leave), and out of place the input is not written.
 TYPED_TEST(Kernels, RotateHeadsMatchesReferenceOnEveryHead) {
   using T = TypeParam;
   rope_test::for_each_arch<T>([&](auto arch) {
@@ -153,16 +155,30 @@ TYPED_TEST(Kernels, RotateHeadsMatchesReferenceOnEveryHead) {
       for (Direction dir : kDirections) {
         for (std::size_t r = 2; r <= kMaxRotaryDim; r += 2) {
           const std::size_t heads = 1 + r % 5;
-          const std::size_t x_stride = r + r % 3, y_stride = r + 1;
+          const std::size_t x_stride = r + r % 3, y_stride = r + 1 + r % 4;
           const auto cs = rope_test::random_vector<T>(r, static_cast<std::uint32_t>(13 * r));
           const auto x = rope_test::random_vector<T>(heads * x_stride, static_cast<std::uint32_t>(5 * r));
           for (bool in_place : {false, true}) {
             Guarded<T> in(heads * x_stride, 1), out(heads * y_stride, 2);
             std::copy(x.begin(), x.end(), in.data());
+            const std::vector<T> out_before(out.data(), out.data() + heads * y_stride);
             const std::ptrdiff_t ys = in_place ? std::ptrdiff_t(x_stride) : std::ptrdiff_t(y_stride);
             T* y = in_place ? in.data() : out.data();
             rope::rotate_heads<S, T, Arch>(in.data(), std::ptrdiff_t(x_stride), y, ys, heads, cs.data(),
                                            cs.data() + r / 2, r, dir);
+            // Out of place, the input is only read, and the output's
+            // channels between rows (past rotary_dim) keep what they held.
+            if (!in_place) {
+              ASSERT_TRUE(bitwise_equal(in.data(), x.data(), heads * x_stride))
+                  << "input modified: " << Arch::name() << " " << rope::name(S) << " r=" << r;
+              for (std::size_t h = 0; h < heads; ++h) {
+                for (std::size_t i = r; i < y_stride; ++i) {
+                  ASSERT_TRUE(bitwise_equal(&y[h * y_stride + i], &out_before[h * y_stride + i], 1))
+                      << "gap written out of place: " << Arch::name() << " " << rope::name(S) << " r=" << r << " head "
+                      << h << " channel " << i;
+                }
+              }
+            }
             for (std::size_t h = 0; h < heads; ++h) {
               std::vector<double> expected, magnitude;
               rope_test::reference_in_double<S>(x.data() + h * x_stride, cs.data(), cs.data() + r / 2, r, dir, expected,
