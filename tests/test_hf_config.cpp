@@ -63,6 +63,38 @@ rope::Style style_of(const Json& e) {
   return e.at("style").get<std::string>() == "rotate_half" ? rope::Style::rotate_half : rope::Style::block_diagonal;
 }
 
+// The MLA description against the reference's (null for a model without MLA).
+void expect_mla(const rope::hf::ModelRope& m, const Json& want) {
+  if (want.is_null()) {
+    EXPECT_FALSE(m.mla.has_value());
+    return;
+  }
+  ASSERT_TRUE(m.mla.has_value());
+  const rope::hf::Mla& mla = *m.mla;
+  EXPECT_EQ(mla.kv_lora_rank, want.at("kv_lora_rank").get<std::size_t>());
+  EXPECT_EQ(mla.q_lora_rank.has_value(), !want.at("q_lora_rank").is_null());
+  if (mla.q_lora_rank && !want.at("q_lora_rank").is_null()) {
+    EXPECT_EQ(*mla.q_lora_rank, want.at("q_lora_rank").get<std::size_t>());
+  }
+  EXPECT_EQ(mla.qk_nope_head_dim, want.at("qk_nope_head_dim").get<std::size_t>());
+  EXPECT_EQ(mla.qk_rope_head_dim, want.at("qk_rope_head_dim").get<std::size_t>());
+  EXPECT_EQ(mla.v_head_dim, want.at("v_head_dim").get<std::size_t>());
+  expect_relative(mla.mscale, want.at("mscale").get<double>(), "mla.mscale");
+  expect_relative(mla.softmax_scale, want.at("softmax_scale").get<double>(), "mla.softmax_scale");
+  EXPECT_EQ(mla.style, style_of(want));
+  const Json& index = want.at("indexer");
+  EXPECT_EQ(mla.indexer.has_value(), !index.is_null());
+  if (!mla.indexer || index.is_null()) return;
+  EXPECT_EQ(mla.indexer->topk, index.at("topk").get<std::size_t>());
+  EXPECT_EQ(mla.indexer->head_dim, index.at("head_dim").get<std::size_t>());
+  EXPECT_EQ(mla.indexer->n_heads, index.at("n_heads").get<std::size_t>());
+  EXPECT_EQ(mla.indexer->style, style_of(index));
+  EXPECT_EQ(mla.indexer->rotary_offset, index.at("rotary_offset").get<std::size_t>());
+  EXPECT_EQ(mla.indexer->rotary_dim, index.at("rotary_dim").get<std::size_t>());
+  expect_relative(mla.indexer->score_scale, index.at("score_scale").get<double>(), "indexer score_scale");
+  expect_relative(mla.indexer->weight_scale, index.at("weight_scale").get<double>(), "indexer weight_scale");
+}
+
 TEST(HfConfig, EveryConfigMatchesTheReference) {
   ASSERT_FALSE(expected().empty());
   for (const Json& e : expected()) {
@@ -77,6 +109,7 @@ TEST(HfConfig, EveryConfigMatchesTheReference) {
     EXPECT_EQ(m.rotary_offset, e.at("rotary_offset").get<std::size_t>());
     EXPECT_EQ(m.num_layers, e.at("num_layers").get<std::size_t>());
     expect_relative(m.softmax_scale, e.at("softmax_scale").get<double>(), "softmax_scale");
+    expect_mla(m, e.at("mla"));
     if (e.at("pair_axes").is_null()) {
       EXPECT_FALSE(m.mrope.has_value());
     } else {
@@ -216,6 +249,37 @@ TEST(HfConfig, FrequenciesDriveApplyToTheReferenceRotation) {
   }
 }
 
+// A config text that must be refused, the key path its error names and the
+// value it shows.
+struct Bad {
+  std::string text, key, value;
+};
+
+// Each bad config is refused by rope::hf::parse with std::invalid_argument
+// naming the key path and showing its value.
+void expect_named_errors(const std::vector<Bad>& cases) {
+  for (const Bad& b : cases) {
+    SCOPED_TRACE(b.text);
+    try {
+      (void)rope::hf::parse(b.text);
+      ADD_FAILURE() << "accepted";
+    } catch (const std::invalid_argument& err) {
+      const std::string msg = err.what();
+      EXPECT_EQ(msg.rfind("rope::hf::parse: ", 0), 0u) << msg;
+      EXPECT_NE(msg.find(b.key), std::string::npos) << "does not name " << b.key << ": " << msg;
+      EXPECT_NE(msg.find(b.value), std::string::npos) << "does not show " << b.value << ": " << msg;
+    }
+  }
+}
+
+// The config of rope::hf::parse: base with extra's keys set (null ones
+// too) and the keys of erase removed.
+std::string edited(Json base, const Json& extra, const std::vector<std::string>& erase = {}) {
+  for (const auto& item : extra.items()) base[item.key()] = item.value();
+  for (const auto& key : erase) base.erase(key);
+  return base.dump();
+}
+
 // Each bad config is refused with std::invalid_argument naming the key path
 // and showing its value.
 TEST(HfConfig, BadConfigsAreNamedErrors) {
@@ -234,9 +298,6 @@ TEST(HfConfig, BadConfigsAreNamedErrors) {
       }
     }
     return j.dump();
-  };
-  struct Bad {
-    std::string text, key, value;
   };
   const std::vector<Bad> cases = {
       {with({{"rope_scaling", {{"rope_type", "fancy"}, {"factor", 2}}}}), "rope_scaling.rope_type", "\"fancy\""},
@@ -345,7 +406,6 @@ TEST(HfConfig, BadConfigsAreNamedErrors) {
       {with({{"model_type", "gpt_neox"}, {"head_dim", 64}}), "head_dim", "64"},
       {with({{"model_type", "gpt_oss"}}), "rope_scaling", "nothing"},
       // Families whose reference releases disagree are refused as unknown.
-      {with({{"model_type", "glm_moe_dsa"}}), "model_type", "\"glm_moe_dsa\""},
       {with({{"model_type", "falcon_h1"}}), "model_type", "\"falcon_h1\""},
       {with({{"model_type", "lfm2_moe"}}), "layer_types", "nothing"},
       {with({{"model_type", "lfm2"}, {"full_attn_idxs", {0, 2}}}), "full_attn_idxs[1]", "2"},
@@ -355,18 +415,41 @@ TEST(HfConfig, BadConfigsAreNamedErrors) {
       {"{\"model_type\": \"llama\", \"hidden_size\": 4096,", "the config text", "byte"},
       {"[1, 2]", "the config", "[1,2]"},
   };
-  for (const Bad& b : cases) {
-    SCOPED_TRACE(b.text);
-    try {
-      (void)rope::hf::parse(b.text);
-      ADD_FAILURE() << "accepted";
-    } catch (const std::invalid_argument& err) {
-      const std::string msg = err.what();
-      EXPECT_EQ(msg.rfind("rope::hf::parse: ", 0), 0u) << msg;
-      EXPECT_NE(msg.find(b.key), std::string::npos) << "does not name " << b.key << ": " << msg;
-      EXPECT_NE(msg.find(b.value), std::string::npos) << "does not show " << b.value << ": " << msg;
-    }
-  }
+  expect_named_errors(cases);
+}
+
+// MLA configs the implementations disagree on, or cannot compute, are
+// refused by key: the sizes an MLA layer needs, a sparse layer's q latent,
+// the pairing flags of the sparse families, a partial rope part, and YaRN
+// factors the softmax scale cannot read.
+TEST(HfConfig, MlaRefusalsNameTheKey) {
+  const Json glm5 = Json::parse(read_file(config_path("constructed_glm5_glm_moe_dsa.json")));
+  const Json v32 = Json::parse(read_file(config_path("constructed_deepseek_v32_exp.json")));
+  Json v3 = v32;
+  v3["model_type"] = "deepseek_v3";
+  for (const char* key : {"index_topk", "index_head_dim", "index_n_heads"}) v3.erase(key);
+  const Json yarn = {{"rope_type", "yarn"}, {"factor", 40},          {"original_max_position_embeddings", 4096},
+                     {"mscale", 1.0},       {"mscale_all_dim", 1.0}, {"rope_theta", 10000}};
+  Json null_factor = yarn;
+  null_factor["factor"] = nullptr;
+  const std::vector<Bad> cases = {
+      {edited(v3, {}, {"kv_lora_rank"}), "kv_lora_rank", "nothing"},
+      {edited(v3, {}, {"v_head_dim"}), "v_head_dim", "nothing"},
+      {edited(v3, {}, {"q_lora_rank"}), "q_lora_rank", "nothing"},
+      {edited(v3, {{"kv_lora_rank", 0}}), "kv_lora_rank", "got 0"},
+      {edited(v32, {{"q_lora_rank", nullptr}}), "q_lora_rank", "null"},
+      {edited(v32, {{"indexer_rope_interleave", true}}), "indexer_rope_interleave", "true"},
+      {edited(v32, {}, {"index_topk"}), "index_topk", "nothing"},
+      {edited(v32, {{"index_head_dim", 32}}), "index_head_dim", "32"},
+      {edited(glm5, {}, {"indexer_rope_interleave"}), "indexer_rope_interleave", "nothing"},
+      {edited(glm5, {{"indexer_rope_interleave", false}}), "indexer_rope_interleave", "false"},
+      {edited(glm5, {{"rope_interleave", false}}), "rope_interleave", "false"},
+      {edited(glm5, {{"index_n_heads", nullptr}}), "index_n_heads", "nothing"},
+      {edited(glm5, {{"rope_parameters", yarn}}), "rope_parameters.mscale_all_dim", "1"},
+      {edited(v3, {{"partial_rotary_factor", 0.5}}), "partial_rotary_factor", "rotating 32"},
+      {edited(v3, {{"rope_scaling", null_factor}}), "rope_scaling.factor", "null"},
+  };
+  expect_named_errors(cases);
 }
 
 TEST(HfConfig, LayersPathsAndPairingOverride) {

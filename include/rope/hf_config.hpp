@@ -13,13 +13,14 @@
 // understands (both rope_scaling and rope_parameters spellings, text_config /
 // llm_config / language_config nesting, per-layer-type parameters, NoPE and
 // linear-attention layers, partial rotary, M-RoPE layouts, the
-// pairing of each model family, DeepSeek's softmax scale, Llama 4 style
-// query temperatures) and every key it reads are listed in docs/hf_config.md.
+// pairing of each model family, the MLA description and softmax scale,
+// Llama 4 style query temperatures) and every key it reads are listed in docs/hf_config.md.
 //
 // The reader lives in rope/hf/: model.hpp (the types returned), reader.hpp
 // (checked keys with paths), families.hpp (the table of model families),
 // rope_entry.hpp (one reader per rope type), layers.hpp (kinds of layer),
-// mrope.hpp (M-RoPE axes) and read.hpp (the phases of a read). It includes
+// mrope.hpp (M-RoPE axes), mla.hpp (what an MLA layer needs) and read.hpp
+// (the phases of a read). It includes
 // no kernels: frequencies.hpp, pair_axes.hpp, style.hpp and nlohmann_json.
 //
 // Errors: rope::invalid_argument through rope::detail::fail, naming the key

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -46,13 +47,15 @@ struct Family {
   bool mllama = false;              // cross_attention_layers have no self-attention and no RoPE
   bool kv_channels = false;         // head size kv_channels (JetMoE's head_dim alias)
   bool always_interleaved = false;  // MLA pairs (2p, 2p+1) whatever rope_interleave says
-  bool qwen3_5 = false;             // Qwen 3.5: Qwen3-Next's layers with interleaved M-RoPE, sections 11, 11, 10
-  bool derived_head = false;        // the attention's head size is hidden_size / num_attention_heads
-  double default_partial = 0;       // the configuration's default partial_rotary_factor (0: none); the entry's wins
+  bool sparse_mla = false;          // MLA with a DeepSeek Sparse Attention indexer (index_* keys)
+  bool indexer_interleaved = false;  // the indexer's rope pairs (2p, 2p+1); else (p, p + r/2)
+  bool qwen3_5 = false;              // Qwen 3.5: Qwen3-Next's layers with interleaved M-RoPE, sections 11, 11, 10
+  bool derived_head = false;         // the attention's head size is hidden_size / num_attention_heads
+  double default_partial = 0;        // the configuration's default partial_rotary_factor (0: none); the entry's wins
 };
 
 // The exceptions of a family, as bits of a table row (the fields of Family).
-enum Trait : unsigned {
+enum Trait : std::uint64_t {
   kPlain = 0,
   kDeepseek = 1u << 0,
   kChatglm = 1u << 1,
@@ -79,16 +82,18 @@ enum Trait : unsigned {
   kAfmoe = 1u << 23,
   kMllama = 1u << 24,
   kKvChannels = 1u << 25,
-  kAlwaysInterleaved = 1u << 26,  // with kDeepseek
-  kQwen3_5 = 1u << 27,            // and the Qwen3-Next traits
-  kDerivedHead = 1u << 28,        // head size hidden_size / num_attention_heads: a head_dim key must agree
-  kThetaRequired = 1u << 29,      // the releases default rope_theta differently: it must be given
+  kAlwaysInterleaved = 1u << 26,     // with kDeepseek
+  kQwen3_5 = 1u << 27,               // and the Qwen3-Next traits
+  kDerivedHead = 1u << 28,           // head size hidden_size / num_attention_heads: a head_dim key must agree
+  kThetaRequired = 1u << 29,         // the releases default rope_theta differently: it must be given
+  kSparseMla = 1ull << 32,           // with kDeepseek: an indexer whose rope rotates halves (p, p + r/2)
+  kIndexerInterleaved = 1ull << 33,  // with kSparseMla: the indexer's rope pairs (2p, 2p+1)
 };
 
 struct FamilyRow {
   const char* model_type;
   Style style;
-  unsigned traits;
+  std::uint64_t traits;
 };
 
 constexpr Style kHalf = Style::rotate_half;
@@ -126,9 +131,12 @@ inline constexpr FamilyRow kFamilies[] = {
     {"ernie4_5_vl_moe_text", kBlock, kErnieVl},
     {"helium", kBlock, kPlain},  // modeling_helium rotate_half over x[..., 0::2], x[..., 1::2]
     // MLA with apply_rotary_pos_emb_interleave: GLM-4.7-Flash follows rope_interleave (default true);
-    // DeepseekV32Attention always interleaves its main attention.
+    // DeepseekV32Attention always interleaves its main attention, DeepseekV32Indexer rotates halves.
     {"glm4_moe_lite", kBlock, kDeepseek},
-    {"deepseek_v32", kBlock, kDeepseek | kAlwaysInterleaved},
+    {"deepseek_v32", kBlock, kDeepseek | kAlwaysInterleaved | kSparseMla},
+    // GlmMoeDsaAttention and GlmMoeDsaIndexer: apply_rotary_pos_emb_interleave in both (its first
+    // release rotated halves in both; docs/hf_config.md says why rope reads the later one).
+    {"glm_moe_dsa", kBlock, kDeepseek | kAlwaysInterleaved | kSparseMla | kIndexerInterleaved},
     // rotate_half: pair p = channels (p, p + r/2).
     {"llama", kHalf, kPlain},
     {"mistral", kHalf, kPlain},
@@ -236,7 +244,7 @@ inline double default_partial_rotary(const std::string& family) {
 
 inline Family family_from_row(const FamilyRow& row) {
   Family f;
-  const auto has = [&row](unsigned trait) { return (row.traits & trait) != 0; };
+  const auto has = [&row](std::uint64_t trait) { return (row.traits & trait) != 0; };
   f.type = row.model_type;
   f.style = row.style;
   f.known = !has(kAlibi);
@@ -272,6 +280,8 @@ inline Family family_from_row(const FamilyRow& row) {
   f.mllama = has(kMllama);
   f.kv_channels = has(kKvChannels);
   f.always_interleaved = has(kAlwaysInterleaved);
+  f.sparse_mla = has(kSparseMla);
+  f.indexer_interleaved = has(kIndexerInterleaved);
   f.qwen3_5 = has(kQwen3_5);
   f.qwen3_next = f.qwen3_next || f.qwen3_5;
   f.linear_nope = f.linear_nope || f.qwen3_5;

@@ -83,6 +83,45 @@ struct LayerRope {
   }
 };
 
+// The indexer of a sparse MLA layer (DeepSeek Sparse Attention: DeepSeek-V3.2,
+// GLM-5): its own small q/k heads score the keys, and the attention keeps
+// the index_topk best. Its q and k rotate with the MLA rope part's
+// frequencies (ModelRope::frequencies), on the first rotary_dim channels of
+// an index_head_dim head, paired as style says (which is the MLA rope part's
+// pairing for GLM-5, not for DeepSeek-V3.2). A token's index score is
+// sum over heads h of w_h * weight_scale * relu(score_scale * q_h.k), w_h
+// from the indexer's own weights projection.
+struct MlaIndexer {
+  std::size_t topk = 0;      // index_topk: keys kept per query
+  std::size_t head_dim = 0;  // index_head_dim
+  std::size_t n_heads = 0;   // index_n_heads
+  Style style = Style::rotate_half;
+  std::size_t rotary_offset = 0;  // first rotated channel of an indexer head: the rope part comes first
+  std::size_t rotary_dim = 0;     // qk_rope_head_dim
+  double score_scale = 0.0;       // 1 / sqrt(index_head_dim), on q.k before the relu
+  double weight_scale = 0.0;      // 1 / sqrt(index_n_heads), on the per-head weights
+};
+
+// What a multi-head latent attention (MLA) layer needs beyond its RoPE
+// (DeepSeek-V2/V3/V3.2, Kimi K2, GLM-4.7-Flash, GLM-5): the latent ranks
+// and the q/k/v head sizes. A q/k head is qk_nope_head_dim unrotated
+// channels, then qk_rope_head_dim rotated ones (ModelRope::rotary_offset,
+// rotary_dim, style); k's rope part is one head shared by all heads.
+struct Mla {
+  std::size_t kv_lora_rank = 0;            // the compressed kv latent's width
+  std::optional<std::size_t> q_lora_rank;  // the q latent's width; empty: q is projected directly
+  std::size_t qk_nope_head_dim = 0;
+  std::size_t qk_rope_head_dim = 0;
+  std::size_t v_head_dim = 0;
+  // YaRN's g(factor, mscale_all_dim) (1 without a scaled rope entry or
+  // mscale_all_dim); softmax_scale = mscale^2 / sqrt(qk_nope + qk_rope head
+  // dims), the factor on q.k (ModelRope::softmax_scale).
+  double mscale = 1.0;
+  double softmax_scale = 0.0;
+  Style style = Style::block_diagonal;  // the rope part's pairing (ModelRope::style)
+  std::optional<MlaIndexer> indexer;    // sparse layers only (DeepSeek-V3.2, GLM-5)
+};
+
 // A model's RoPE as its config.json defines it.
 struct ModelRope {
   std::string model_type;  // of the text model (text_config.model_type when nested)
@@ -121,6 +160,9 @@ struct ModelRope {
   std::size_t qk_head_dim = 0;
   std::optional<double> query_pre_attn_scalar;
   QueryTemperature temperature;
+  // The MLA layer's latent ranks, head sizes and indexer; empty for a
+  // model without MLA.
+  std::optional<Mla> mla;
 
   const LayerRope& layer(std::size_t layer_index) const {
     check_layer(layer_index);

@@ -1,7 +1,8 @@
 // rope/hf/read.hpp — a whole config read into a ModelRope, in the phases of
 // docs/hf_config.md ("How a config is read"): the text model, its family and
 // pairing, the head's channels, the rope entry, the kinds of layer and which
-// layer is which, the main kind, M-RoPE, and the attention-score factors.
+// layer is which, the main kind, M-RoPE, the attention-score factors and
+// the MLA description.
 // Internal to rope::hf; hf_config.hpp holds the entry points.
 #pragma once
 
@@ -14,6 +15,7 @@
 
 #include "families.hpp"
 #include "layers.hpp"
+#include "mla.hpp"
 #include "model.hpp"
 #include "mrope.hpp"
 #include "reader.hpp"
@@ -203,22 +205,6 @@ inline Reader main_kind_entry(const Config& config, const ModelRope& model) {
   return config.entry(&config.block.json->at(type), config.block.path + "." + type);
 }
 
-// DeepSeek's attention multiplies its softmax scale by
-// g(factor, mscale_all_dim)^2 (yarn_get_mscale), whatever the rope entry's
-// own attention factor.
-inline double deepseek_score_scale(const Reader& main_entry, const LayerRope& primary) {
-  const double all_dim = main_entry.number("mscale_all_dim").value_or(0.0);
-  if (all_dim == 0.0) return 1.0;
-  double factor = 1.0;
-  if (const auto* y = std::get_if<scaling::Yarn>(&primary.scaling)) {
-    factor = y->factor;
-  } else {
-    factor = main_entry.required_positive("factor", "DeepSeek's softmax scale reads it");
-  }
-  const double g = static_cast<double>(rope::detail::yarn_g(factor, all_dim));
-  return g * g;
-}
-
 // The factor on q.k before the softmax of a layer whose rotary part lies in
 // head_dim channels, as the family's attention sets its scaling: from the
 // layer's own q/k head size (DeepSeek: qk_nope + qk_rope head dims), Gemma
@@ -237,8 +223,9 @@ inline double softmax_scale_of(const Family& family, const ModelRope& model, std
 inline void read_score_scales(const Config& config, const Reader& main_entry, ModelRope& model) {
   const Family& family = config.context.family;
   if (family.gemma_scalar) model.query_pre_attn_scalar = config.cfg().positive("query_pre_attn_scalar");
-  if (family.deepseek && config.block.json != nullptr && model.kinds[0].rope_type != "default") {
-    model.score_scale = deepseek_score_scale(main_entry, model.kinds[0]);
+  if (family.deepseek) {
+    const double g = mla_mscale(config, main_entry, model);
+    model.score_scale = g * g;
   }
   // GraniteConfig's attention_multiplier defaults to 1.
   const double multiplier =
@@ -327,6 +314,7 @@ inline ModelRope read(const char* fn, const Json& root, const ParseOptions& opti
   const Reader main_entry = main_kind_entry(config, model);
   model.mrope = pair_axes(config.context, main_entry, model.rotary_dim);
   read_score_scales(config, main_entry, model);
+  read_mla(config, main_entry, model);
   read_temperature(config, main_entry, model);
   for (LayerRope& kind : model.kinds) {
     kind.style = model.style;

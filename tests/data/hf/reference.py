@@ -70,6 +70,8 @@ ROTATION_OF_FAMILY = {
     # modeling_glm4_moe_lite (rope_interleave, default true) and modeling_deepseek_v32 (always, for the main
     # attention): apply_rotary_pos_emb_interleave.
     "glm4_moe_lite": "deinterleave", "deepseek_v32": "deinterleave",
+    # modeling_glm_moe_dsa GlmMoeDsaAttention (the release after the first): apply_rotary_pos_emb_interleave.
+    "glm_moe_dsa": "deinterleave",
 }
 # Every other family covered uses the llama-style rotate_half of its own
 # modeling file (modeling_<family>.rotate_half: cat(-x2, x1)).
@@ -87,9 +89,13 @@ HALF_FAMILIES = {
     "cwm",
 }
 # MLA families: rotary part qk_rope_head_dim channels after qk_nope_head_dim.
-MLA_FAMILIES = {"deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32"}
+MLA_FAMILIES = {"deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa"}
 # MLA families whose main attention interleaves whatever rope_interleave says.
-ALWAYS_INTERLEAVED = {"deepseek_v32"}
+ALWAYS_INTERLEAVED = {"deepseek_v32", "glm_moe_dsa"}
+# Sparse MLA (DeepSeek Sparse Attention): the rotation the indexer applies to the first qk_rope_head_dim
+# channels of its q and k heads. DeepseekV32Indexer (and DeepSeek's reference Indexer, apply_rotary_emb
+# with interleaved=False) rotates halves; GlmMoeDsaIndexer calls apply_rotary_pos_emb_interleave.
+INDEXER_ROTATION = {"deepseek_v32": "rotate_half", "glm_moe_dsa": "deinterleave"}
 QWEN3_NEXT_LAYERS = {"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
 GRANITE = {"granite", "granitemoe", "granitemoeshared", "granitemoehybrid"}
 for _family in HALF_FAMILIES:
@@ -562,10 +568,8 @@ def describe(name, root):
             main_params["rope_type"] != "default":
         mscale_all_dim = main_params.get("mscale_all_dim", 0)
         if mscale_all_dim:
-            factor = main_params["factor"]
-            if factor is None:
-                factor = cfg.get("max_position_embeddings") / main_params["original_max_position_embeddings"]
-            mscale = get_mscale(factor, mscale_all_dim)
+            # yarn_get_mscale(rope_parameters["factor"], mscale_all_dim): a null factor fails there.
+            mscale = get_mscale(main_params["factor"], mscale_all_dim)
 
     def softmax_of(layer_head_dim):
         divisor = qk_head_dim if deepseek else layer_head_dim
@@ -581,6 +585,22 @@ def describe(name, root):
         return scale
 
     softmax = softmax_of(main[1])
+
+    # What the MLA attention reads from the config beyond its rope: the latent ranks (q_lora_rank None: q is
+    # projected directly), the value head size, and for sparse layers the indexer, which scores
+    # relu(q.k * index_head_dim ** -0.5) per head with weights times index_n_heads ** -0.5.
+    mla = None
+    if deepseek:
+        mla = {"kv_lora_rank": cfg.d["kv_lora_rank"], "q_lora_rank": cfg.d["q_lora_rank"],
+               "qk_nope_head_dim": offset, "qk_rope_head_dim": head_dim, "v_head_dim": cfg.d["v_head_dim"],
+               "mscale": 1.0 if mscale is None else mscale, "softmax_scale": softmax, "style": style,
+               "indexer": None}
+        if model_type in INDEXER_ROTATION:
+            index_head_dim, index_heads = cfg.d["index_head_dim"], cfg.d["index_n_heads"]
+            mla["indexer"] = {"topk": cfg.d["index_topk"], "head_dim": index_head_dim, "n_heads": index_heads,
+                              "style": ROTATION_PAIRING[INDEXER_ROTATION[model_type]],
+                              "rotary_offset": 0, "rotary_dim": head_dim,
+                              "score_scale": index_head_dim ** -0.5, "weight_scale": index_heads ** -0.5}
 
     def query_scale(layer, position):
         beta = main_params.get("llama_4_scaling_beta")
@@ -605,6 +625,7 @@ def describe(name, root):
         "num_layers": num_layers or 0,
         "softmax_scale": softmax,
         "pair_axes": pair_axes,
+        "mla": mla,
         "probes": [],
         "query_scales": [],
     }
