@@ -11,6 +11,9 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -20,6 +23,7 @@
 #include <rope/apply.hpp>
 #include <rope/detail/parallel.hpp>
 #include <rope/frequencies.hpp>
+#include <rope/half.hpp>
 #include <rope/kernels.hpp>
 #include <rope/table.hpp>
 
@@ -283,6 +287,228 @@ TEST(Concurrency, ParallelForRethrowsAWorkersExceptionAfterAllJoined) {
     }
   }
   EXPECT_EQ(caught, 1u);
+}
+
+// ---- The executor contract of rope/executor.hpp, clause by clause, with
+// rope::apply as the caller.
+
+// An executor that runs the shares on the calling thread, in order or
+// backwards, and records what it was asked: how many calls, and the share
+// count n of each. after(i) runs once share i is done.
+struct RecordingExecutor {
+  std::size_t calls = 0;
+  std::vector<std::size_t> shares;  // n of each call
+  bool backwards = false;
+  std::function<void(std::size_t)> after;
+
+  rope::Executor executor(std::size_t workers) {
+    rope::Executor e;
+    e.parallel_for = [](void* self, std::size_t n, void (*task)(void*, std::size_t), void* context) {
+      auto& me = *static_cast<RecordingExecutor*>(self);
+      ++me.calls;
+      me.shares.push_back(n);
+      for (std::size_t k = 0; k < n; ++k) {
+        const std::size_t i = me.backwards ? n - 1 - k : k;
+        task(context, i);
+        if (me.after) me.after(i);
+      }
+    };
+    e.context = this;
+    e.workers = workers;
+    return e;
+  }
+};
+
+// A 16-bit storage type of the caller's own (half.hpp converts it with its
+// conversions, one value at a time, inside each share) that notes the
+// thread of every conversion: where the shares of a call ran.
+struct Traced16 {
+  std::uint16_t bits;
+  Traced16() = default;
+  explicit Traced16(float f) noexcept : bits(rope::detail::float_to_bfloat16_bits(f)) { note(); }
+  explicit operator float() const noexcept {
+    note();
+    return rope::detail::bfloat16_bits_to_float(bits);
+  }
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::set<std::thread::id>& threads() {
+    static std::set<std::thread::id> seen;
+    return seen;
+  }
+  static void note() noexcept {
+    const std::lock_guard<std::mutex> lock(mutex());
+    threads().insert(std::this_thread::get_id());
+  }
+  // The threads that converted a value since the last call.
+  static std::set<std::thread::id> take() {
+    const std::lock_guard<std::mutex> lock(mutex());
+    std::set<std::thread::id> seen;
+    seen.swap(threads());
+    return seen;
+  }
+};
+static_assert(rope::detail::is_foreign_16bit<Traced16>::value, "rope converts Traced16 with its own conversions");
+
+// A call of rope::apply with an executor of `workers` over `tokens` tokens
+// hands the executor exactly n = min(workers, tokens) shares in one call
+// (none when n is 1); share i writes a run of whole tokens of its own, the
+// runs in the order of i, none empty, together every token once; and the
+// result is the bytes of threads = 1. Out of place, into an output that
+// holds a sentinel, so that what each share wrote shows after it ran.
+TEST(ExecutorContract, ACallHandsTheExecutorOneShareAWorkerAtMostEachItsOwnTokens) {
+  constexpr std::size_t kDim = 16;
+  const rope::Table<float> table(rope::frequencies(kDim, 10000.0), kPositions);
+  for (const std::size_t tokens : {1, 2, 3, 7, 64}) {
+    const auto x = rope_test::random_vector<float>(tokens * kHeads * kDim, static_cast<std::uint32_t>(tokens));
+    const rope::View<const float> in = rope::View<const float>::token_major(x.data(), tokens, kHeads, kDim);
+    std::vector<float> one(x.size());
+    rope::apply<float>(in, rope::View<float>::token_major(one.data(), tokens, kHeads, kDim), table, Style::rotate_half,
+                       5);
+    const std::uint32_t sentinel_bits = 0x7fc0beefu;  // a NaN the rotation of finite values never writes
+    float sentinel;
+    std::memcpy(&sentinel, &sentinel_bits, sizeof(float));
+    const std::size_t token_size = kHeads * kDim;
+    for (const std::size_t workers : {1, 2, 3, 5, 64, 200}) {
+      for (const bool backwards : {false, true}) {
+        const std::string where = "tokens " + std::to_string(tokens) + " workers " + std::to_string(workers) +
+                                  (backwards ? " backwards" : "");
+        std::vector<float> out(x.size(), sentinel);
+        const auto written = [&](std::size_t t) {
+          return std::memcmp(&out[t * token_size], &one[t * token_size], token_size * sizeof(float)) == 0;
+        };
+        // Which share first wrote each token (tokens not yet written: none).
+        constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
+        std::vector<std::size_t> writer(tokens, kNone);
+        RecordingExecutor recorder;
+        recorder.backwards = backwards;
+        recorder.after = [&](std::size_t i) {
+          for (std::size_t t = 0; t < tokens; ++t) {
+            if (writer[t] == kNone && written(t)) writer[t] = i;
+          }
+        };
+        rope::Options o;
+        o.executor = recorder.executor(workers);
+        rope::apply<float>(in, rope::View<float>::token_major(out.data(), tokens, kHeads, kDim), table,
+                           Style::rotate_half, 5, o);
+        EXPECT_TRUE(same_bits(out, one)) << where << ": not the bytes of threads = 1";
+        const std::size_t n = std::min(workers, tokens);
+        if (n == 1) {
+          EXPECT_EQ(recorder.calls, 0u) << where << ": one share, yet the executor was called";
+          continue;
+        }
+        ASSERT_EQ(recorder.calls, 1u) << where;
+        EXPECT_EQ(recorder.shares[0], n) << where << ": the share count is min(workers, tokens)";
+        std::vector<std::size_t> share_tokens(n, 0);
+        for (std::size_t t = 0; t < tokens; ++t) {
+          ASSERT_LT(writer[t], n) << where << ": token " << t << " written by no share";
+          if (t > 0) {
+            EXPECT_LE(writer[t - 1], writer[t]) << where << ": share runs out of order at token " << t;
+          }
+          ++share_tokens[writer[t]];
+        }
+        for (std::size_t i = 0; i < n; ++i)
+          EXPECT_GT(share_tokens[i], 0u) << where << ": share " << i << " wrote nothing";
+      }
+    }
+  }
+}
+
+// One share runs on the calling thread, without the executor: an executor
+// of one worker, or one token whatever the workers. With two shares or
+// more, on a pool that runs them on its own threads, no value is converted
+// on the calling thread: the trace tells the two apart.
+TEST(ExecutorContract, OneShareRunsOnTheCallingThreadWithoutTheExecutor) {
+  constexpr std::size_t kDim = 16;
+  const rope::Table<float> table(rope::frequencies(kDim, 10000.0), kPositions);
+  rope_test::ThreadPool pool(3);
+  for (const std::size_t tokens : {1, 9}) {
+    const auto values =
+        rope_test::random_vector<float>(tokens * kHeads * kDim, static_cast<std::uint32_t>(30 + tokens));
+    std::vector<Traced16> x(values.size());
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = Traced16(values[i]);
+    std::vector<Traced16> one = x;
+    rope::apply(rope::View<Traced16>::token_major(one.data(), tokens, kHeads, kDim), table, Style::block_diagonal, 2);
+    for (const std::size_t workers : {1, 4}) {
+      const std::string where = "tokens " + std::to_string(tokens) + " workers " + std::to_string(workers);
+      std::vector<Traced16> y = x;
+      rope::Options o;
+      o.executor = pool.executor(workers);
+      const std::size_t tasks_before = pool.tasks_run();
+      Traced16::take();
+      rope::apply(rope::View<Traced16>::token_major(y.data(), tokens, kHeads, kDim), table, Style::block_diagonal, 2,
+                  o);
+      const std::set<std::thread::id> seen = Traced16::take();
+      EXPECT_EQ(std::memcmp(y.data(), one.data(), y.size() * sizeof(Traced16)), 0) << where;
+      ASSERT_FALSE(seen.empty()) << where << ": no conversion traced";
+      const bool on_caller = seen.count(std::this_thread::get_id()) != 0;
+      if (std::min(workers, tokens) == 1) {
+        EXPECT_EQ(pool.tasks_run(), tasks_before) << where << ": one share, yet the executor ran tasks";
+        EXPECT_TRUE(on_caller && seen.size() == 1) << where << ": one share ran off the calling thread";
+      } else {
+        EXPECT_EQ(pool.tasks_run(), tasks_before + std::min(workers, tokens)) << where;
+        EXPECT_FALSE(on_caller) << where << ": the pool's shares converted on the calling thread";
+      }
+    }
+  }
+}
+
+// An exception thrown in one share reaches the caller only after every
+// share has run: through the executor, share 0 throws on its first item,
+// before the others have started (on the calling thread, in order) or while
+// they sleep (on a pool); when the caller catches it, every other share has
+// run every item, counted once each. rope::apply's own shares cannot throw
+// (they are noexcept: every allocation is made before the first), so the
+// clause is held on detail::parallel_for and parallel_for_costs, through
+// which rope::apply hands its shares to the executor.
+TEST(ExecutorContract, AnExceptionInOneShareIsRethrownAfterEveryShareRan) {
+  constexpr std::size_t kCount = 40, kWorkers = 4;  // shares of 10 items
+  rope_test::ThreadPool pool(3);
+  RecordingExecutor in_order;
+  for (const bool costs : {false, true}) {
+    for (const rope::Executor& executor : {in_order.executor(kWorkers), pool.executor(kWorkers)}) {
+      const std::string where = std::string(costs ? "parallel_for_costs" : "parallel_for") +
+                                (executor.context == &pool ? " on a pool" : " on the calling thread");
+      std::vector<std::atomic<int>> runs(kCount);
+      for (auto& r : runs) r = 0;
+      std::vector<std::size_t> share_of(kCount, kWorkers);
+      const auto work = [&](std::size_t i, std::size_t w) {
+        share_of[i] = w;
+        if (i == 0) throw std::runtime_error("share 0");
+        if (w != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        runs[i].fetch_add(1);
+      };
+      std::size_t caught = 0;
+      try {
+        if (costs) {
+          rope::detail::parallel_for_costs(
+              kCount, kWorkers, executor, [](std::size_t) { return std::uint64_t{1}; }, work);
+        } else {
+          rope::detail::parallel_for(kCount, kWorkers, executor, work);
+        }
+        ADD_FAILURE() << where << ": no exception";
+      } catch (const std::runtime_error& e) {
+        ++caught;
+        EXPECT_STREQ(e.what(), "share 0") << where;
+        // Read in the handler: every share must have finished already.
+        // Share w holds items 10 w .. 10 w + 9 (parallel_for_costs gives
+        // items of equal cost the same split); share 0 stopped at item 0.
+        std::size_t ran = 0;
+        for (std::size_t i = 0; i < kCount; ++i) {
+          const std::size_t w = i / (kCount / kWorkers);
+          EXPECT_EQ(runs[i].load(), w == 0 ? 0 : 1) << where << " item " << i;
+          ran += static_cast<std::size_t>(runs[i].load());
+          if (w != 0 || i == 0) {
+            EXPECT_EQ(share_of[i], w) << where << " item " << i;
+          }
+        }
+        EXPECT_EQ(ran, kCount - kCount / kWorkers) << where << ": items of the other shares run";
+      }
+      EXPECT_EQ(caught, 1u) << where;
+    }
+  }
 }
 
 }  // namespace
