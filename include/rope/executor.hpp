@@ -1,6 +1,6 @@
 // rope/executor.hpp — the caller's threads: an Executor hands a threaded
 // call's work to a pool the caller already runs, instead of rope starting
-// and joining threads of its own.
+// and joining threads of its own; Threads says either in one value.
 //
 // A call that splits its work into `w` shares (Options::threads, or
 // MaskOptions::threads in attention) splits it into exactly the same shares
@@ -35,6 +35,22 @@ struct Executor {
   std::size_t workers = 0;
 
   bool set() const noexcept { return parallel_for != nullptr; }
+};
+
+// The threads of a call, said once: a count of rope's own threads, or the
+// caller's Executor (then executor.workers shares). Either converts:
+//   plan(p, shape, batch, 16);          plan(p, shape, batch, engine_executor);
+// The same bytes for any count and any executor.
+struct Threads {
+  std::size_t count = 1;  // rope's threads (1 starts none); not used with an executor
+  Executor executor;      // set: the shares run on the caller's pool
+
+  Threads() = default;
+  Threads(std::size_t threads) noexcept : count(threads) {}  // NOLINT: implicit on purpose
+  Threads(const Executor& e) noexcept : executor(e) {}       // NOLINT: implicit on purpose
+
+  // How many shares a call splits its work into.
+  std::size_t shares() const noexcept { return executor.set() ? executor.workers : count; }
 };
 
 }  // namespace rope

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include <rope/attention/dispatch_slots.hpp>
 #include <rope/detail/error.hpp>
 #include <rope/detail/simd.hpp>
 #include <rope/tensor/dispatch_table.hpp>
@@ -54,22 +55,23 @@ bool cpu_runs() noexcept {
 
 struct Target {
   const detail::DispatchTable* loops;
+  const detail::AttentionTable* attention;
   bool (*runs)() noexcept;
 };
 
 // Best first: the first one the CPU runs is the default.
 const Target kTargets[] = {
 #if ROPE_DISPATCH_HAS_AVX512
-    {&isa::avx512, cpu_runs<xsimd::avx512bw>},
+    {&isa::avx512, &isa::avx512_attention, cpu_runs<xsimd::avx512bw>},
 #endif
 #if ROPE_DISPATCH_HAS_AVX2
-    {&isa::avx2, cpu_runs<xsimd::fma3<xsimd::avx2>>},
+    {&isa::avx2, &isa::avx2_attention, cpu_runs<xsimd::fma3<xsimd::avx2>>},
 #endif
 #if ROPE_DISPATCH_HAS_SSE2
-    {&isa::sse2, cpu_runs<xsimd::sse2>},
+    {&isa::sse2, &isa::sse2_attention, cpu_runs<xsimd::sse2>},
 #endif
 #if ROPE_DISPATCH_HAS_NEON
-    {&isa::neon, cpu_runs<xsimd::neon64>},
+    {&isa::neon, &isa::neon_attention, cpu_runs<xsimd::neon64>},
 #endif
 };
 
@@ -135,20 +137,26 @@ const Target& current() {
   return selected.compare_exchange_strong(expected, t, std::memory_order_acq_rel) ? *t : *expected;
 }
 
+// Both tables of t in place: the tensor API's loops, attention's decode loop.
+void put(const Target* t) noexcept {
+  detail::installed_table.store(t != nullptr ? t->loops : nullptr, std::memory_order_release);
+  detail::installed_attention.store(t != nullptr ? t->attention : nullptr, std::memory_order_release);
+}
+
 void select(const Target& t) {
   selected.store(&t, std::memory_order_release);
-  detail::installed_table.store(t.loops, std::memory_order_release);
+  put(&t);
 }
 
 }  // namespace
 
 const char* install() {
   const Target& t = current();
-  detail::installed_table.store(t.loops, std::memory_order_release);
+  put(&t);
   return t.loops->arch;
 }
 
-void uninstall() noexcept { detail::installed_table.store(nullptr, std::memory_order_release); }
+void uninstall() noexcept { put(nullptr); }
 
 bool installed() noexcept { return detail::installed_table.load(std::memory_order_acquire) != nullptr; }
 

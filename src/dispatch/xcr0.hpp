@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <xsimd/xsimd.hpp>
+#include <rope/detail/xsimd.hpp>
 
 namespace rope::dispatch::xcr0 {
 

@@ -45,7 +45,6 @@ inline void check_offset(const char* fn, const char* name, bool used, std::int64
 // The options every attention call shares, against Lq queries and Lk keys.
 inline void check_mask_options(const char* fn, const MaskOptions& o, std::size_t lq, std::size_t lk) {
   rope::detail::check_threads(fn, "options.threads", o.threads);
-  rope::detail::check_executor(fn, "options.executor.workers", o.executor);
   check_size(fn, "options.q_positions", o.q_positions, lq);
   check_size(fn, "options.k_positions", o.k_positions, lk);
   check_size(fn, "options.q_sequence", o.q_sequence, lq);
@@ -53,17 +52,6 @@ inline void check_mask_options(const char* fn, const MaskOptions& o, std::size_t
   check_sequences(fn, o.q_sequence, lq, o.k_sequence, lk);
   check_offset(fn, "options.q_offset", o.q_positions.empty(), o.q_offset, lq);
   check_offset(fn, "options.k_offset", o.k_positions.empty(), o.k_offset, lk);
-}
-
-// The rotary width a Rotation asks for (0: its table's), checked against the
-// table and the rows it rotates; 0 without a table.
-template <class T>
-std::size_t rotary_width(const char* fn, const char* name, const Rotation<T>& rotation, std::size_t head_dim) {
-  if (rotation.table == nullptr) return 0;
-  const std::string field = std::string(name) + ".rotary_dim";
-  const std::size_t r = rope::detail::rotary_width(fn, field, rotation.rotary_dim, rotation.table->rotary_dim());
-  if (r > head_dim) fail(fn, field, {"<= the head dimension ", head_dim}, r);
-  return r;
 }
 
 // The queries' and keys' positions against a rotation's table (nothing to

@@ -8,7 +8,7 @@
 //   g(r) = r + 2 delta [|r| <= delta]  (delta = 1e-6)
 //
 // The sums run over the keys visible to query i: all keys, or with
-// options.causal those with pk_j <= pq_i (and, with sequence ids, of the same
+// options.mask.causal those with pk_j <= pq_i (and, with sequence ids, of the same
 // sequence), exactly as softmax masks. Tokens are taken in order of
 // (sequence, position), so a causal sum is a prefix sum: evaluated in chunks
 // that carry (S, z) in a LinearState, O(L m dv) work and O(chunk (m + d) +
@@ -34,15 +34,15 @@
 
 #include <Eigen/Core>
 
+#include "call_options.hpp"
 #include "common.hpp"
 #include "features.hpp"
 #include "linear_head.hpp"
 #include "linear_state.hpp"
-#include "options.hpp"
 
 namespace rope::attention {
 
-// LinearOptions: options.hpp. LinearState: linear_state.hpp.
+// LinearOptions: call_options.hpp. LinearState: linear_state.hpp.
 
 // Linear attention over given features: phi_q (Lq x m), phi_k (Lk x m), v (Lk x dv).
 template <class DQ, class DK, class DV>
@@ -105,7 +105,7 @@ Matrix<typename DQ::Scalar> linear_eq19(const Eigen::MatrixBase<DQ>& q, const Ei
 
 // Every head of [tokens, heads, head_dim] views: q [Lq, Hq, d], k [Lk, Hk, d],
 // v [Lk, Hk, dv], out [Lq, Hq, dv], Hq a multiple of Hk; FAVOR+ features,
-// pre-phi rotation optional. With options.causal, `states` (one LinearState
+// pre-phi rotation optional. With options.mask.causal, `states` (one LinearState
 // per key/value head; an empty vector is filled with fresh ones) holds what
 // earlier calls summed and receives this call's keys, so a prefill split
 // into chunks, then one token at a time, equals the one-shot call.

@@ -19,15 +19,14 @@
 #include <Eigen/Core>
 
 #include "../detail/parallel.hpp"
+#include "call_options.hpp"
 #include "common.hpp"
 #include "features.hpp"
 #include "linear_state.hpp"
-#include "options.hpp"
 
 namespace rope::attention::detail {
 
 using rope::detail::parallel_for;
-using rope::detail::thread_count;
 
 // From input rows to features: the feature map (or none: the inputs are
 // features already), the pre-phi rotation in d dimensions, and the eq. 19
@@ -225,7 +224,7 @@ class LinearHead {
       std::memcpy(ws_.values.row(static_cast<Eigen::Index>(j)).data(), v_.row(token, g_),
                   static_cast<std::size_t>(dv) * sizeof(T));
     }
-    plan_.map.keys(ws_.x, order_.k_pos.data() + a, o_.causal, ws_.k_num, ws_.k_den, ws_.log_scale);
+    plan_.map.keys(ws_.x, order_.k_pos.data() + a, o_.mask.causal, ws_.k_num, ws_.k_den, ws_.log_scale);
   }
 
   // Keys [a, b) into the state, a chunk at a time.
@@ -366,8 +365,9 @@ class LinearHead {
 
 inline void check_linear_options(const char* fn, const LinearOptions& o, std::size_t lq, std::size_t lk) {
   if (o.chunk == 0) fail(fn, "options.chunk", "at least 1", o.chunk);
-  rope::detail::check_threads(fn, "options.threads", o.threads);
-  rope::detail::check_executor(fn, "options.executor.workers", o.executor);
+  if (o.mask.window != 0) {
+    fail(fn, "options.mask.window", "0: linear attention sums prefixes, which cannot drop old keys", o.mask.window);
+  }
   if (!(o.delta >= 0.0) || !std::isfinite(o.delta)) fail(fn, "options.delta", "finite and >= 0", o.delta);
   check_mask_options(fn, o, lq, lk);
 }
@@ -409,7 +409,8 @@ FeatureMap<T> check_feature_map(const char* fn, const FavorFeatures* phi, std::s
 template <class T>
 void check_states(const char* fn, const std::vector<LinearState<T>>& states, std::size_t lq, std::size_t kv_heads,
                   std::size_t dv, const LinearOptions& o, const LinearPlan<T>& plan) {
-  if (!o.causal) fail(fn, "states", "null unless options.causal (only prefix sums carry over)", "a state vector");
+  if (!o.mask.causal)
+    fail(fn, "states", "null unless options.mask.causal (only prefix sums carry over)", "a state vector");
   if (!o.q_sequence.empty()) {
     fail(fn, "states", "null with sequence ids (one state per key/value head, not per sequence)", "a state vector");
   }
@@ -451,7 +452,7 @@ void linear_heads(const char* fn, const View<const T>& q, const View<const T>& k
   plan.map = map;
   if (states != nullptr) check_states(fn, *states, q.tokens, k.heads, v.head_dim, o, plan);
   const TokenOrder order = order_tokens(plan.visibility, q.tokens, k.tokens);
-  if (o.causal) {
+  if (o.mask.causal) {
     linear_causal(q, k, v, out, o, plan, order, states);
   } else {
     linear_full(q, k, v, out, o, plan, order);
@@ -466,9 +467,9 @@ void linear_causal(const View<const T>& q, const View<const T>& k, const View<co
   std::vector<LinearState<T>> local;
   std::vector<LinearState<T>>& sums = states != nullptr ? *states : local;
   if (sums.empty()) sums.assign(k.heads, LinearState<T>(plan.features, v.head_dim, o.delta));
-  const std::size_t workers = std::max<std::size_t>(1, std::min(thread_count(o.threads, o.executor), k.heads));
+  const std::size_t workers = std::max<std::size_t>(1, std::min(o.threads.shares(), k.heads));
   std::vector<LinearWorkspace<T>> workspaces(workers);
-  parallel_for(k.heads, workers, o.executor, [&](std::size_t g, std::size_t w) {
+  parallel_for(k.heads, workers, o.threads.executor, [&](std::size_t g, std::size_t w) {
     LinearHead<T>(q, k, v, out, o, plan, order, workspaces[w]).causal(g, sums[g]);
   });
 }
@@ -478,13 +479,13 @@ template <class T>
 void linear_full(const View<const T>& q, const View<const T>& k, const View<const T>& v, const View<T>& out,
                  const LinearOptions& o, const LinearPlan<T>& plan, const TokenOrder& order) {
   const std::size_t m = plan.features, dv = v.head_dim;
-  const std::size_t workers_wanted = thread_count(o.threads, o.executor);
+  const std::size_t workers_wanted = o.threads.shares();
   const std::size_t segments = order.q_segment.size() - 1;
   std::vector<LinearState<T>> sums(k.heads * segments, LinearState<T>(m, dv, o.delta));
   {
     const std::size_t workers = std::max<std::size_t>(1, std::min(workers_wanted, sums.size()));
     std::vector<LinearWorkspace<T>> workspaces(workers);
-    parallel_for(sums.size(), workers, o.executor, [&](std::size_t item, std::size_t w) {
+    parallel_for(sums.size(), workers, o.threads.executor, [&](std::size_t item, std::size_t w) {
       const std::size_t g = item / segments, s = item % segments;
       LinearHead<T>(q, k, v, out, o, plan, order, workspaces[w])
           .sum_keys(g, order.k_segment[s], order.k_segment[s + 1], sums[item]);
@@ -504,7 +505,7 @@ void linear_full(const View<const T>& q, const View<const T>& k, const View<cons
   }
   const std::size_t workers = std::max<std::size_t>(1, std::min(workers_wanted, blocks.size()));
   std::vector<LinearWorkspace<T>> workspaces(workers);
-  parallel_for(blocks.size(), workers, o.executor, [&](std::size_t i, std::size_t w) {
+  parallel_for(blocks.size(), workers, o.threads.executor, [&](std::size_t i, std::size_t w) {
     const Block& blk = blocks[i];
     const bool any_keys = order.k_segment[blk.segment + 1] > order.k_segment[blk.segment];
     LinearHead<T>(q, k, v, out, o, plan, order, workspaces[w])

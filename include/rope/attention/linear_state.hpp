@@ -13,7 +13,7 @@
 
 #include <Eigen/Core>
 
-#include "rows.hpp"
+#include "matrix_ops.hpp"
 #include "types.hpp"
 
 namespace rope::attention {

@@ -1,34 +1,45 @@
-// rope/attention/masks.hpp — which keys a query sees, by position and
-// sequence, and the options every attention call shares (MaskOptions).
+// rope/attention/masks.hpp — which keys a query sees: the mask (Mask:
+// causal, sliding window), said the same way by every attention call, and,
+// for the one-head and multi-head softmax and linear calls, the positions
+// and sequence ids it is read against (MaskOptions).
 //
 //   key j is visible to query i iff  (not causal or pk_j <= pq_i)
 //                                and (window == 0 or pk_j > pq_i - window)
 //                                and (no sequence ids or sq_i == sk_j)
 //
 // Positions and sequence ids are std::int64_t, one per row; empty position
-// vectors mean offset + 0 .. L-1.
+// vectors mean offset + 0 .. L-1. The serving path (plan.hpp) derives every
+// position from the cache lengths instead.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "../executor.hpp"
 #include "../options.hpp"
 
 namespace rope::attention {
 
-// What softmax and linear attention share: the positions of queries and
-// keys (for RoPE and the masks), causality, sequence ids of packed batches,
-// and the threads of the call (its own, or the caller's executor).
+// Which keys a query sees, by position (see the header comment). Causal by
+// default in every call: a decoder's queries see the keys up to their own
+// position; set causal = false for an encoder's, or for linear attention's
+// non-causal sums.
+struct Mask {
+  bool causal = true;
+  std::size_t window = 0;  // > 0: key j visible to query i only if pk_j > pq_i - window
+};
+
+// What the one-head and multi-head softmax and linear calls share: the
+// mask, the positions of queries and keys (for RoPE and the mask), sequence
+// ids of packed batches, and the threads of the call (a count, or the
+// caller's executor: the same bytes either way).
 struct MaskOptions {
-  bool causal = false;
+  Mask mask;
   std::vector<std::int64_t> q_positions, k_positions;  // empty: q_offset + i, k_offset + j
   std::int64_t q_offset = 0, k_offset = 0;
   std::vector<std::int64_t> q_sequence, k_sequence;  // packed batches: visible only within a sequence
-  std::size_t threads = 1;
-  // Set: the call's shares run on the caller's pool (rope/executor.hpp),
-  // executor.workers of them in place of `threads`; the same bytes.
-  Executor executor;
+  Threads threads;
 
   // The positions as the tensor API spells them: ids when given, else the offset.
   Positions q() const noexcept { return q_positions.empty() ? Positions(q_offset) : Positions(q_positions.data()); }
@@ -111,11 +122,11 @@ struct Visibility {
   }
 };
 
-// The positions, sequence ids and causality of a call's options; the window
-// is softmax's own.
+// The mask, positions and sequence ids of a call's options.
 inline Visibility visibility_of(const MaskOptions& o) noexcept {
   Visibility vis;
-  vis.causal = o.causal;
+  vis.causal = o.mask.causal;
+  vis.window = o.mask.window;
   vis.q_ids = o.q_positions.empty() ? nullptr : o.q_positions.data();
   vis.k_ids = o.k_positions.empty() ? nullptr : o.k_positions.data();
   vis.q_offset = o.q_offset;

@@ -9,7 +9,7 @@
 // share a key/value head are stacked into one tile, so each K and V row is
 // read once per group, and K is rotated once per key/value head. A decode
 // step (a few rows per head) runs row by row on the kernel layer's
-// attention rows (kernels/attention_rows.hpp) instead of GEMMs. When the
+// thin products (kernels/dense_dot.hpp) instead of GEMMs. When the
 // keys are sorted by (sequence, position) each query sees one contiguous
 // range of keys: tiles are cut at the ranges' ends, so masked work stays
 // below one tile width per row.
@@ -28,11 +28,13 @@
 
 #include "../detail/parallel.hpp"
 #include "../detail/prefetch.hpp"
-#include "../kernels/attention_rows.hpp"
+#include "../kernels/dense_dot.hpp"
+#include "../kernels/scores.hpp"
+#include "call_options.hpp"
 #include "checks.hpp"
+#include "logits.hpp"
 #include "masks.hpp"
-#include "options.hpp"
-#include "rows.hpp"
+#include "matrix_ops.hpp"
 #include "types.hpp"
 
 namespace rope::attention {
@@ -42,78 +44,36 @@ namespace detail {
 using rope::detail::parallel_for;
 
 // What a checked softmax call computes: everything the tiles read besides
-// the views, derived once from the options (and, for softmax_step, from the
-// cache), so that no caller's options are rewritten on the way.
+// the views, derived once from the options, so that no caller's options are
+// rewritten on the way.
 template <class T>
 struct SoftmaxPlan {
   std::size_t rotary_dim = 0;
-  T scale = 1;
+  LogitParams<T> logits;  // scale, softcap, sinks: the one check of logits.hpp
   Visibility visibility;
   bool sorted = true;
   bool keys_rotated = false;  // K read as stored (a cache of rotated keys)
   std::size_t block = 256;
-  std::size_t threads = 1;  // shares: options.threads, or the executor's workers
+  std::size_t threads = 1;  // shares: options.threads' count or its executor's workers
   Executor executor;
-  T softcap = 0;         // 0: none
-  std::vector<T> sinks;  // one per query head, -inf: none; empty: none at all
 };
 
-// The softcap and the sinks of SoftmaxOptions, for `heads` query heads:
-// refused unless a set softcap is finite and > 0, and every sink is finite
-// or -inf in T (a sink that rounds to +inf in T is refused too).
-template <class T>
-void softmax_logits(const char* fn, std::size_t heads, const SoftmaxOptions& o, SoftmaxPlan<T>& plan) {
-  if (o.softcap) {
-    const double cap = *o.softcap;
-    if (!(cap > 0) || !std::isfinite(cap) || !std::isfinite(static_cast<T>(cap))) {
-      fail(fn, "options.softcap", "finite and > 0", cap);
-    }
-    plan.softcap = static_cast<T>(cap);
-  }
-  if (o.sinks.empty()) return;
-  if (o.sinks.size() != heads) {
-    fail(fn, "options.sinks.size()", {"0 or the query heads ", heads}, o.sinks.size());
-  }
-  const T neg_inf = -std::numeric_limits<T>::infinity();
-  for (std::size_t h = 0; h < heads; ++h) {
-    const T sink = static_cast<T>(o.sinks[h]);
-    if (!std::isfinite(sink) && sink != neg_inf) fail(fn, {"options.sinks[", h, "]"}, "finite or -inf", o.sinks[h]);
-  }
-  plan.sinks.assign(o.sinks.begin(), o.sinks.end());
-}
-
-// The fields of SoftmaxOptions beyond MaskOptions, and the plan they give
-// for head dimension d and `heads` query heads (positions and visibility
-// are the caller's to fill).
-template <class T>
-SoftmaxPlan<T> softmax_fields(const char* fn, std::size_t d, std::size_t heads, const Rotation<T>& rotation,
-                              const SoftmaxOptions& o) {
-  if (o.block == 0) fail(fn, "options.block", "at least 1", o.block);
-  double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  if (o.scale) {
-    if (!std::isfinite(*o.scale)) fail(fn, "options.scale", "finite", *o.scale);
-    scale = *o.scale;
-  }
-  SoftmaxPlan<T> plan;
-  plan.rotary_dim = rotary_width(fn, "rotation", rotation, d);
-  plan.scale = static_cast<T>(scale);
-  plan.keys_rotated = o.keys_rotated;
-  plan.block = o.block;
-  plan.threads = rope::detail::thread_count(o.threads, o.executor);
-  plan.executor = o.executor;
-  softmax_logits(fn, heads, o, plan);
-  return plan;
-}
-
-// Every argument of a softmax call; throws before anything is written.
+// Every argument of a softmax call, for Lq queries and Lk keys of head
+// dimension d and `heads` query heads; throws before anything is written.
 template <class T>
 SoftmaxPlan<T> check_softmax(const char* fn, std::size_t lq, std::size_t lk, std::size_t d, std::size_t heads,
                              const Rotation<T>& rotation, const SoftmaxOptions& o) {
   check_mask_options(fn, o, lq, lk);
-  SoftmaxPlan<T> plan = softmax_fields(fn, d, heads, rotation, o);
+  if (o.block == 0) fail(fn, "options.block", "at least 1", o.block);
+  SoftmaxPlan<T> plan;
+  plan.rotary_dim = rotary_width(fn, "rotation", rotation, d);
+  plan.logits = check_logits<T>(fn, "options.logits", o.logits, heads, d);
+  plan.keys_rotated = o.keys_rotated;
+  plan.block = o.block;
+  plan.threads = o.threads.shares();
+  plan.executor = o.threads.executor;
   check_rotation_positions(fn, rotation.table, o, lq, lk, !o.keys_rotated);
   plan.visibility = visibility_of(o);
-  plan.visibility.window = o.window;
   plan.sorted = plan.visibility.keys_sorted(lk);
   return plan;
 }
@@ -256,9 +216,9 @@ class SoftmaxTile {
     const auto rows = static_cast<Eigen::Index>(tokens_ * group_);
     head.row_max.setConstant(rows, neg_inf);
     head.row_sum.setZero(rows);
-    if (plan_.sinks.empty()) return;
+    if (plan_.logits.sinks == nullptr) return;
     for (Eigen::Index r = 0; r < rows; ++r) {
-      const T sink = plan_.sinks[g * group_ + static_cast<std::size_t>(r) % group_];
+      const T sink = plan_.logits.sink(g * group_ + static_cast<std::size_t>(r) % group_);
       if (sink == neg_inf) continue;
       head.row_max[r] = sink;
       head.row_sum[r] = T(1);
@@ -278,7 +238,7 @@ class SoftmaxTile {
       rotate_at(rotation_, plan_.rotary_dim, static_cast<std::size_t>(plan_.visibility.q_position(t0_ + t)), first,
                 first, d, group_, static_cast<std::size_t>(d));
     }
-    head.q *= plan_.scale;  // one pass over Q instead of one over every score tile
+    head.q *= plan_.logits.scale;  // one pass over Q instead of one over every score tile
   }
 
   // K of head g: rotated once into the workspace (an item of one head), or
@@ -478,8 +438,8 @@ class SoftmaxTile {
               bool partial) {
     const T neg_inf = -std::numeric_limits<T>::infinity();
     const bool clear = p.data() != s.data();
-    if (plan_.softcap > T(0)) {
-      const T cap = plan_.softcap;
+    if (plan_.logits.softcap > T(0)) {
+      const T cap = plan_.logits.softcap;
       s = ((s.array() / cap).tanh() * cap).matrix();
     }
     if (partial) mask(s, j0, n, neg_inf);
@@ -501,8 +461,7 @@ class SoftmaxTile {
         if (partial) mask_row(weights, static_cast<std::size_t>(r) / group_, j0, n);
         sum = weights.sum();
       }
-      const T correction =
-          (old_max == neg_inf || new_max == neg_inf) ? T(old_max == neg_inf ? 0 : 1) : std::exp(old_max - new_max);
+      const T correction = rope::detail::carry(old_max, new_max);
       if (new_max != neg_inf) head.row_max[r] = new_max;
       head.row_sum[r] = head.row_sum[r] * correction + sum;
       if (correction != T(1)) head.acc.row(r) *= correction;

@@ -1,5 +1,6 @@
-// rope/attention/types.hpp — the matrix types of the attention module and
-// how a call asks for RoPE (Rotation).
+// rope/attention/types.hpp — the matrix types of the attention module's
+// one-head and multi-head calls (softmax.hpp, linear.hpp), and how RoPE is
+// asked for (Rotation, rotation.hpp).
 //
 // Layout: one batch x head is a matrix with one token per row (Lq x d for Q,
 // Lk x d for K, Lk x dv for V). The public functions take any Eigen
@@ -17,9 +18,8 @@
 #include <Eigen/Core>
 
 #include "../detail/error.hpp"
-#include "../style.hpp"
-#include "../table.hpp"
 #include "../view.hpp"
+#include "rotation.hpp"
 
 namespace rope::attention {
 
@@ -30,16 +30,6 @@ using Vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
 // A read-only row-major view of a matrix whose rows may be strided.
 template <class T>
 using ConstRef = Eigen::Ref<const Matrix<T>, 0, Eigen::OuterStride<>>;
-
-// RoPE inside attention: which table, which pairing, how many channels.
-// table == nullptr: no rotation. rotary_dim 0 means the table's; the
-// channels past it pass through.
-template <class T>
-struct Rotation {
-  const Table<T>* table = nullptr;
-  Style style = Style::rotate_half;
-  std::size_t rotary_dim = 0;
-};
 
 namespace detail {
 

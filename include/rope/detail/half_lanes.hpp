@@ -25,7 +25,7 @@
 #include <cpuid.h>
 #endif
 
-#include <xsimd/xsimd.hpp>
+#include "xsimd.hpp"
 
 #include "../half.hpp"
 #include "simd.hpp"

@@ -32,7 +32,7 @@
 #include <type_traits>
 #include <utility>
 
-#include <xsimd/xsimd.hpp>
+#include "xsimd.hpp"
 
 #include "inline.hpp"
 

@@ -26,7 +26,7 @@
 #include <cmath>
 #include <cstddef>
 
-#include <xsimd/xsimd.hpp>
+#include "xsimd.hpp"
 
 // Inlined into the row loop, the batch stays in registers between the
 // polynomial and the rounding to T instead of going through memory.

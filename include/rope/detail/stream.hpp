@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include <xsimd/xsimd.hpp>
+#include "xsimd.hpp"
 
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__) || defined(_M_IX86)
 #include <immintrin.h>

@@ -40,7 +40,7 @@
 #include <type_traits>
 #include <utility>
 
-#include <xsimd/xsimd.hpp>
+#include "../detail/xsimd.hpp"
 
 #include "../detail/half_lanes.hpp"
 #include "../detail/inline.hpp"

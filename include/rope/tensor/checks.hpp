@@ -51,6 +51,17 @@ inline void check_executor(const char* fn, const char* argument, const Executor&
   }
 }
 
+// A Threads value: a count of at least 1, or a set executor with workers.
+inline void check_threads(const char* fn, const char* argument, const Threads& threads) {
+  if (threads.executor.set()) {
+    if (threads.executor.workers == 0) {
+      fail(fn, {argument, ".executor.workers"}, "at least 1 when its parallel_for is set", threads.executor.workers);
+    }
+  } else if (threads.count == 0) {
+    fail(fn, {argument, ".count"}, "at least 1", threads.count);
+  }
+}
+
 // The rotary part must fit in every head.
 template <class T>
 void check_rotary_fits(const char* fn, const char* const* names, const Pass<T>* passes, std::size_t count,

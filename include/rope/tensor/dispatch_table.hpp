@@ -1,6 +1,6 @@
 // rope/tensor/dispatch_table.hpp — the table through which rope::dispatch routes the
-// checked tensor calls (apply, apply_qk, apply_mrope, apply_axial) and the
-// keys of batched attention over a KV cache (attention/batch.hpp).
+// checked tensor calls (apply, apply_qk, apply_mrope, apply_axial). Attention's
+// slots are on its own floor (attention/dispatch_slots.hpp).
 //
 // A DispatchTable holds the token loop (token_loop.hpp) compiled for one
 // instruction set: one entry per element type, source of cos/sin rows and
@@ -19,7 +19,6 @@
 #include <cstddef>
 
 #include "../half.hpp"
-#include "../kernels/kv_rows.hpp"
 #include "../style.hpp"
 #include "token_loop.hpp"
 
@@ -34,15 +33,6 @@ struct LoopSlot {
   TokenLoop<T, compute_t<T>, Source> by_style[2];
 };
 
-// Attention's keys over a KV cache of element type E (kernels/kv_rows.hpp,
-// attend_keys): what softmax_batch runs per item.
-template <class E>
-using AttendKeys = void (*)(const KvKeys<E>&, const float*, float*, float*, float*, float*) noexcept;
-template <class E>
-struct AttendSlot {
-  AttendKeys<E> attend;
-};
-
 struct DispatchTable : LoopSlot<float, SingleAxis<float>>,
                        LoopSlot<float, MultiAxis<float>>,
                        LoopSlot<double, SingleAxis<double>>,
@@ -50,11 +40,7 @@ struct DispatchTable : LoopSlot<float, SingleAxis<float>>,
                        LoopSlot<BFloat16, SingleAxis<float>>,
                        LoopSlot<BFloat16, MultiAxis<float>>,
                        LoopSlot<Float16, SingleAxis<float>>,
-                       LoopSlot<Float16, MultiAxis<float>>,
-                       AttendSlot<float>,
-                       AttendSlot<BFloat16>,
-                       AttendSlot<Float16>,
-                       AttendSlot<std::int8_t> {
+                       LoopSlot<Float16, MultiAxis<float>> {
   const char* arch;  // the xsimd name of the architecture they were compiled for
 };
 
@@ -71,15 +57,6 @@ TokenLoop<T, compute_t<T>, Source> installed_loop() noexcept {
     if (const DispatchTable* loops = installed_table.load(std::memory_order_acquire)) {
       return static_cast<const LoopSlot<T, Source>&>(*loops).by_style[style_index(S)];
     }
-  }
-  return nullptr;
-}
-
-// The installed attend_keys for E, or null (run the compiled-in one).
-template <class E>
-AttendKeys<E> installed_attend() noexcept {
-  if (const DispatchTable* table = installed_table.load(std::memory_order_acquire)) {
-    return static_cast<const AttendSlot<E>&>(*table).attend;
   }
   return nullptr;
 }
@@ -122,10 +99,6 @@ constexpr DispatchTable make_dispatch_table() noexcept {
   fill_slot<Arch, BFloat16, MultiAxis<float>>(table);
   fill_slot<Arch, Float16, SingleAxis<float>>(table);
   fill_slot<Arch, Float16, MultiAxis<float>>(table);
-  static_cast<AttendSlot<float>&>(table).attend = &attend_keys<float, Arch>;
-  static_cast<AttendSlot<BFloat16>&>(table).attend = &attend_keys<BFloat16, Arch>;
-  static_cast<AttendSlot<Float16>&>(table).attend = &attend_keys<Float16, Arch>;
-  static_cast<AttendSlot<std::int8_t>&>(table).attend = &attend_keys<std::int8_t, Arch>;
   table.arch = Arch::name();
   return table;
 }

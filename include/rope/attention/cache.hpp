@@ -1,25 +1,22 @@
-// rope/attention/paged.hpp — a paged KV cache and its writer.
+// rope/attention/cache.hpp — a paged KV cache: pools of fixed-size pages of
+// rows, for K and for V, of an element type E (float, BFloat16, Float16,
+// std::int8_t), and the checks every call that reads or writes one makes.
 //
-// A PagePool holds fixed-size pages of cache rows for K or for V, of an
-// element type E (KvElement: float, BFloat16, Float16, std::int8_t). Row
-// (page p, offset o, head h) is at
+// Row (page p, offset o, head h) of a PagePool is at
 //
 //   data + p * page_stride + o * token_stride + h * head_stride
 //
 // so a pool is [pages, page_size, heads, head_dim] (nhd(): "NHD") or
-// [pages, heads, page_size, head_dim] (hnd(): "HND"), or
-// any other strides whose rows do not overlap. A slot names a row by page and
-// offset: slot = page * page_size + offset. An int8 pool has one float scale
-// per (slot, head), at scales[slot * heads + h]: the row holds q with x = s q
-// (kernels/kv_rows.hpp, store_kv_row). A contiguous cache of one sequence is
-// a pool of one page of its capacity.
+// [pages, heads, page_size, head_dim] (hnd(): "HND"), or any other strides
+// whose rows do not overlap. A slot names a row by page and offset: slot =
+// page * page_size + offset. An int8 pool has one float scale per (slot,
+// head), at scales[slot * heads + h]: the row holds q with x = s q
+// (kernels/kv_store.hpp). A contiguous cache of one sequence is a pool of
+// one page of its capacity (contiguous()).
 //
-// A sequence's keys 0 .. length-1 are the slots block_table[j / page_size] *
-// page_size + j % page_size (batch.hpp). Pages may be shared read-only by
-// several sequences (a common prefix).
-//
-// The writers (append.hpp): write_slots, by slot mapping, and
-// norm_rope_append, the fused step before attention.
+// A sequence's key j is in slot block_table[j / page_size] * page_size +
+// j % page_size (plan.hpp). Pages may be shared read-only by several
+// sequences (a common prefix).
 #pragma once
 
 #include <algorithm>
@@ -30,11 +27,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "../kernels/kv_rows.hpp"
+#include "../kernels/kv_planes.hpp"
 #include "../tensor/checks.hpp"
 #include "../tensor/view_checks.hpp"
-#include "rows.hpp"
-#include "types.hpp"
+#include "../view.hpp"
 
 namespace rope::attention {
 
@@ -54,6 +50,15 @@ struct PagePool {
   static PagePool nhd(E* data, std::size_t pages, std::size_t page_size, std::size_t heads, std::size_t head_dim,
                       float* scales = nullptr) noexcept {
     return {data, scales, pages, page_size, heads, head_dim, page_size * heads * head_dim, heads * head_dim, head_dim};
+  }
+  // One page holding a sequence's whole contiguous cache: rows is
+  // [capacity, heads, head_dim] with any strides (a View of the caller's
+  // buffer), scales (int8) capacity * heads floats.
+  static PagePool contiguous(const View<E>& rows, float* scales = nullptr) noexcept {
+    const std::size_t span =
+        rows.tokens == 0 ? 0
+                         : (rows.tokens - 1) * rows.token_stride + (rows.heads - 1) * rows.head_stride + rows.head_dim;
+    return {rows.data, scales, 1, rows.tokens, rows.heads, rows.head_dim, span, rows.token_stride, rows.head_stride};
   }
   // [pages, heads, page_size, head_dim], dense.
   static PagePool hnd(E* data, std::size_t pages, std::size_t page_size, std::size_t heads, std::size_t head_dim,
@@ -77,11 +82,22 @@ struct PagePool {
 template <class E>
 struct PagedCache {
   PagePool<E> k, v;
+
+  // One sequence's contiguous cache, [capacity, kv_heads, head_dim] for K
+  // and [capacity, kv_heads, v_head_dim] for V: a pool of one page each
+  // (its block table is {0}; plan.hpp has the one-sequence plan).
+  static PagedCache contiguous(const View<E>& k, const View<E>& v, float* k_scales = nullptr,
+                               float* v_scales = nullptr) noexcept {
+    return {PagePool<E>::contiguous(k, k_scales), PagePool<E>::contiguous(v, v_scales)};
+  }
 };
 
 namespace detail {
 
+using rope::detail::fail;
 using rope::detail::field;
+using rope::detail::indexed;
+using rope::detail::to_text;
 
 template <class E>
 constexpr void check_kv_element() noexcept {
@@ -163,56 +179,12 @@ void check_apart(const char* fn, const char* name, const View<T>& v, const char*
   }
 }
 
-// Rows of a view of new keys or values (tokens x heads x head_dim) checked
-// against a pool: same heads and head_dim, and apart from it, unless every
-// row of the view already is the row of its own slot (the projection wrote
-// into the cache: the write leaves it as it is, or rotates it in place).
-template <class In, class E>
-void check_new_rows(const char* fn, const char* name, const View<const In>& x, const char* pool_name,
-                    const PagePool<E>& p, const std::int64_t* slots) {
-  rope::detail::check_view(fn, name, x);
-  if (x.heads != p.heads) fail(fn, {name, ".heads"}, {pool_name, ".heads = ", p.heads}, x.heads);
-  if (x.head_dim != p.head_dim) {
-    fail(fn, {name, ".head_dim"}, {pool_name, ".head_dim = ", p.head_dim}, x.head_dim);
-  }
-  const std::size_t span = view_span(x);
-  if (p.scales != nullptr && bytes_overlap(x.data, span, p.scales, p.slots() * p.heads)) {
-    fail(fn, name, {pool_name, ".scales apart"}, "overlapping");
-  }
-  if (!bytes_overlap(x.data, span, p.data, pool_span(p))) return;
-  bool in_place = std::is_same<In, E>::value;
-  for (std::size_t t = 0; t < x.tokens && in_place; ++t) {
-    for (std::size_t h = 0; h < x.heads && in_place; ++h) {
-      in_place = slots[t] >= 0 && static_cast<const void*>(x.row(t, h)) ==
-                                      static_cast<const void*>(p.row(static_cast<std::size_t>(slots[t]), h));
-    }
-  }
-  if (!in_place) {
-    fail(fn, name, {"apart from ", pool_name, ", or each row the row of its own slot (already in the cache)"},
-         "overlapping");
-  }
-}
-
-// Slots: each -1 or inside the pool, no slot twice.
-inline void check_slots(const char* fn, const char* name, const std::int64_t* slots, std::size_t n,
-                        std::size_t pool_slots) {
-  if (n > 0 && slots == nullptr) fail(fn, name, {"non-null for ", n, " new tokens"}, nullptr);
-  std::vector<std::int64_t> seen;
-  seen.reserve(n);
-  for (std::size_t t = 0; t < n; ++t) {
-    const std::int64_t s = slots[t];
-    if (s < -1 || (s >= 0 && static_cast<std::uint64_t>(s) >= pool_slots)) {
-      fail(fn, {name, "[", t, "]"}, {"-1 (skip) or a slot below the pool's ", pool_slots}, s);
-    }
-    if (s >= 0) seen.push_back(s);
-  }
-  std::sort(seen.begin(), seen.end());
-  const auto twice = std::adjacent_find(seen.begin(), seen.end());
-  if (twice != seen.end()) {
-    std::size_t first = 0;
-    while (slots[first] != *twice) ++first;
-    fail(fn, {name, "[", first, "]"}, "a slot no other new token writes", *twice);
-  }
+// Whether two views are the same rows of one type (a call in place).
+template <class T, class O>
+bool same_rows(const View<T>& a, const View<O>& b) noexcept {
+  return std::is_same<std::remove_const_t<T>, std::remove_const_t<O>>::value &&
+         static_cast<const void*>(a.data) == static_cast<const void*>(b.data) && a.token_stride == b.token_stride &&
+         a.head_stride == b.head_stride;
 }
 
 // The float values of one row of In.

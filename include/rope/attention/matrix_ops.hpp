@@ -1,8 +1,7 @@
-// rope/attention/rows.hpp — what attention does to one row at a time: RoPE
-// at each row's position (the one rotate-at-position of the module: Q, K,
-// the cache append and linear attention's features all go through it), the
-// online softmax's shifts, the guard of linear attention's denominators, and
-// the one writer of output rows.
+// rope/attention/matrix_ops.hpp — what the one-head and multi-head calls do
+// to the rows of their Eigen matrices: RoPE at each row's position (through
+// rotation.hpp's rotate_at), the online softmax's shifts, the guard of
+// linear attention's denominators, and the one writer of output rows.
 #pragma once
 
 #include <cmath>
@@ -12,39 +11,10 @@
 
 #include <Eigen/Core>
 
-#include "../kernels/rotate.hpp"
+#include "rotation.hpp"
 #include "types.hpp"
 
 namespace rope::attention::detail {
-
-// Rotates `heads` rows in place (row h at x + h * stride), the first
-// rotary_dim channels, with one row of cos and sin (rotary_dim/2 values
-// each): a table's row (rotate_at) or one gathered pair by pair from the
-// rows of several positions (multi-axis positions, append.hpp).
-template <class T, class Arch = xsimd::default_arch>
-void rotate_with(Style style, std::size_t rotary_dim, const T* cos, const T* sin, T* x, std::ptrdiff_t stride,
-                 std::size_t heads) noexcept {
-  if (rotary_dim == 0) return;
-  with_style(style, [&](auto s) {
-    rotate_heads<decltype(s)::value, T, Arch>(x, stride, x, stride, heads, cos, sin, rotary_dim);
-  });
-}
-
-// Rotates `heads` rows of d channels in place (row h at x + h * stride), all
-// at position m, the first rotary_dim channels; the rest stay. out != x:
-// rotates x into out and copies the channels past rotary_dim.
-template <class T>
-void rotate_at(const Rotation<T>& rotation, std::size_t rotary_dim, std::size_t m, const T* x, T* out,
-               std::ptrdiff_t stride, std::size_t heads, std::size_t d) noexcept {
-  if (out != x) {
-    for (std::size_t h = 0; h < heads; ++h) {
-      const auto o = static_cast<std::ptrdiff_t>(h) * stride;
-      std::memcpy(out + o, x + o, d * sizeof(T));
-    }
-  }
-  if (rotation.table == nullptr || rotary_dim == 0) return;
-  rotate_with(rotation.style, rotary_dim, rotation.table->cos(m), rotation.table->sin(m), out, stride, heads);
-}
 
 // Rotates every row (token) of x in place, row r at position positions[r]
 // (already checked against the table); channels past rotary_dim stay.

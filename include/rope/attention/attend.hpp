@@ -1,0 +1,309 @@
+// rope/attention/attend.hpp — softmax attention of a layer's new tokens over
+// a paged KV cache, as the step's plan laid it out (plan.hpp): prefill,
+// chunked prefill and decode of many sequences in one call.
+//
+// For new token t of sequence b at position p_t, query head h (key/value
+// head h / (q_heads / kv_heads)), over the keys j of b's cache it sees:
+//   s_j = scale * q_th . k_j                      (int8: k_j = s_j q_j, its vector's scale)
+//   s_j <- cap * tanh(s_j / cap)                  (logits.softcap)
+//   j seen iff j <= p_t (mask.causal) and j > p_t - window (mask.window > 0)
+//   out_th = sum_j exp(s_j - M) v_j / (exp(sink_h - M) + sum_j exp(s_j - M))
+// in the order of logits.hpp; lse_th (when asked for) its log-sum-exp.
+// Q is read as given: the cache holds rotated keys, and append (or the
+// caller) rotated Q at p_t. A NaN or Inf in a key or value reaches only the
+// queries that see it: masked keys are left out of the sums, and sequences
+// never read each other's pages (unless their block tables share them).
+//
+// Arithmetic in float over the stored values widened exactly; q and out
+// are float, BFloat16 or Float16 (out rounded once). Work: the plan's items,
+// each a token over every head, its keys in chunks of 64 with a running max
+// and sum per query head (kernels/kv_decode.hpp: a key token's rows of all
+// key/value heads read together, in memory order, each once for the query
+// heads of its group); a decode token's parts merged in part order. Items
+// go to contiguous shares of about equal keys, on the plan's threads: the
+// same bytes for any thread count, executor and batch.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "../detail/lines.hpp"
+#include "../detail/parallel.hpp"
+#include "../kernels/kv_decode.hpp"
+#include "../kernels/kv_store.hpp"
+#include "../kernels/scores.hpp"
+#include "../tensor/view_checks.hpp"
+#include "cache.hpp"
+#include "dispatch_slots.hpp"
+#include "logits.hpp"
+#include "masks.hpp"
+#include "plan.hpp"
+
+namespace rope::attention {
+
+namespace detail {
+
+// What a checked attend runs with.
+struct AttendParams {
+  std::size_t q_heads = 0, kv_heads = 0, d = 0, dv = 0;
+  LogitParams<float> logits;
+  Mask mask;
+  std::size_t chunk = kAttendMaxChunk;  // min(kv_split, kAttendMaxChunk): keys per chunk of scores
+};
+
+// The keys a query at position p of a sequence of `length` keys sees: [lo, hi).
+inline void visible_keys(std::int64_t p, std::int64_t length, const Mask& mask, std::size_t* lo,
+                         std::size_t* hi) noexcept {
+  const std::int64_t h = mask.causal ? std::min(length, p + 1) : length;
+  std::int64_t l = 0;
+  const auto w = static_cast<std::int64_t>(mask.window);
+  if (mask.window > 0 && p - w + 1 > 0) l = p - w + 1;
+  *lo = static_cast<std::size_t>(l);
+  *hi = static_cast<std::size_t>(std::max(l, h));
+}
+
+// The per-worker rows of an attend call.
+struct AttendScratch {
+  float* q;     // q_heads x d: the query rows, widened
+  float* work;  // attend_work(q_heads, d, dv, chunk)
+  float* acc;   // q_heads x dv
+  float* m;     // q_heads
+  float* l;     // q_heads
+  float* row;   // max(d, dv): one widened row, or one output row
+};
+
+// Each part on whole cache lines: rows read with whole vector loads, and two
+// workers never write to one line.
+inline std::size_t scratch_floats(const AttendParams& p) noexcept {
+  using rope::detail::line_floats;
+  return line_floats(p.q_heads * p.d) + attend_work(p.q_heads, p.d, p.dv, p.chunk) + line_floats(p.q_heads * p.dv) +
+         2 * line_floats(p.q_heads) + line_floats(std::max(p.d, p.dv));
+}
+
+inline AttendScratch scratch_at(float* base, const AttendParams& p) noexcept {
+  using rope::detail::line_floats;
+  AttendScratch s;
+  s.q = base;
+  s.work = s.q + line_floats(p.q_heads * p.d);
+  s.acc = s.work + attend_work(p.q_heads, p.d, p.dv, p.chunk);
+  s.m = s.acc + line_floats(p.q_heads * p.dv);
+  s.l = s.m + line_floats(p.q_heads);
+  s.row = s.l + line_floats(p.q_heads);
+  return s;
+}
+
+// attend_keys for E: the one rope::dispatch installed, else the one compiled
+// here for Arch.
+template <class E, class Arch>
+void attend_keys_of(const KvKeys<E>& keys, const float* q, float* work, float* m, float* l, float* acc) noexcept {
+  if (const auto installed = rope::detail::installed_attend<E>()) {
+    installed(keys, q, work, m, l, acc);
+  } else {
+    attend_keys<E, Arch>(keys, q, work, m, l, acc);
+  }
+}
+
+template <class Q, class E, class O, class Arch>
+class AttendRun {
+ public:
+  AttendRun(const Plan& plan, const PagedCache<E>& cache, const View<const Q>& q, const View<O>& out, float* lse,
+            const AttendParams& p, float* partials) noexcept
+      : plan_(plan), q_(q), out_(out), lse_(lse), p_(p), partials_(partials) {
+    keys_.k = cache.k.data;
+    keys_.v = cache.v.data;
+    keys_.k_scales = cache.k.scales;
+    keys_.v_scales = cache.v.scales;
+    keys_.page_size = cache.k.page_size;
+    keys_.k_page_stride = cache.k.page_stride;
+    keys_.k_token_stride = cache.k.token_stride;
+    keys_.k_head_stride = cache.k.head_stride;
+    keys_.v_page_stride = cache.v.page_stride;
+    keys_.v_token_stride = cache.v.token_stride;
+    keys_.v_head_stride = cache.v.head_stride;
+    keys_.q_heads = p.q_heads;
+    keys_.kv_heads = p.kv_heads;
+    keys_.d = p.d;
+    keys_.dv = p.dv;
+    keys_.chunk = p.chunk;
+    keys_.scale = p.logits.scale;
+    keys_.softcap = p.logits.softcap;
+  }
+
+  // Item i's keys cut to what its token sees: [first, first + count).
+  void cut(std::size_t i, std::size_t* first, std::size_t* count) const noexcept {
+    const WorkItem& it = plan_.items()[i];
+    std::size_t lo = 0, hi = 0;
+    visible_keys(plan_.position(it.token), PlanAccess::lengths(plan_)[it.sequence], p_.mask, &lo, &hi);
+    const std::size_t a = std::max(lo, it.first_key), b = std::min(hi, it.first_key + it.keys);
+    *first = a;
+    *count = b > a ? b - a : 0;
+  }
+
+  // One item: its query rows, its keys, then its rows written or its
+  // partial state kept.
+  void item(std::size_t index, AttendScratch s) const noexcept {
+    const WorkItem& it = plan_.items()[index];
+    const std::size_t H = p_.q_heads, dv = p_.dv;
+    std::size_t first = 0, count = 0;
+    cut(index, &first, &count);
+    if (count == 0) {
+      if (it.partial == WorkItem::kDirect) finish(it.token, false, s);
+      return;  // a part the mask leaves empty: the merge skips it
+    }
+    for (std::size_t h = 0; h < H; ++h) widen_row(q_.row(it.token, h), p_.d, s.q + h * p_.d);
+    KvKeys<E> keys = keys_;
+    keys.pages = PlanAccess::pages_of(plan_, it.sequence);
+    keys.first_key = first;
+    keys.keys = count;
+    attend_keys_of<E, Arch>(keys, s.q, s.work, s.m, s.l, s.acc);
+    if (it.partial == WorkItem::kDirect) {
+      finish(it.token, true, s);
+      return;
+    }
+    float* part = partial(it.partial);
+    std::copy(s.acc, s.acc + H * dv, part);
+    std::copy(s.m, s.m + H, part + H * dv);
+    std::copy(s.l, s.l + H, part + H * dv + H);
+  }
+
+  // One token of several items: their partial states merged in item order
+  // (those the mask left empty skipped).
+  void merge(std::size_t index, AttendScratch s) const noexcept {
+    const TokenMerge& mg = PlanAccess::merges(plan_)[index];
+    const std::size_t H = p_.q_heads, dv = p_.dv;
+    bool sees = false;
+    for (std::size_t h = 0; h < H; ++h) {
+      s.m[h] = -std::numeric_limits<float>::infinity();
+      s.l[h] = 0.0f;
+    }
+    std::fill_n(s.acc, H * dv, 0.0f);
+    for (std::size_t k = 0; k < mg.items; ++k) {
+      std::size_t first = 0, count = 0;
+      cut(mg.first_item + k, &first, &count);
+      if (count == 0) continue;
+      sees = true;
+      const float* part = partial(plan_.items()[mg.first_item + k].partial);
+      for (std::size_t h = 0; h < H; ++h) {
+        rope::detail::merge_state(s.m[h], s.l[h], s.acc + h * dv, part[H * dv + h], part[H * dv + H + h], part + h * dv,
+                                  dv);
+      }
+    }
+    finish(mg.token, sees, s);
+  }
+
+ private:
+  // Token t's rows (and lse) from the state in s, or zeros when it saw no
+  // key.
+  void finish(std::size_t t, bool sees, AttendScratch s) const noexcept {
+    for (std::size_t h = 0; h < p_.q_heads; ++h) {
+      finish_softmax_row<float>(s.m[h], s.l[h], s.acc + h * p_.dv, p_.dv, p_.logits.sink(h), sees, s.row,
+                                lse_ != nullptr ? lse_ + t * p_.q_heads + h : nullptr);
+      store_kv_row<Arch>(s.row, p_.dv, out_.row(t, h), nullptr);
+    }
+  }
+
+  float* partial(std::size_t i) const noexcept { return partials_ + i * p_.q_heads * (p_.dv + 2); }
+
+  const Plan& plan_;
+  View<const Q> q_;
+  View<O> out_;
+  float* lse_;
+  const AttendParams& p_;
+  float* partials_;
+  KvKeys<E> keys_;
+};
+
+// The attention of a checked call.
+template <class Q, class E, class O, class Arch>
+void run_attend(const Plan& plan, const PagedCache<E>& cache, const View<const Q>& q, const View<O>& out, float* lse,
+                const AttendParams& p) {
+  PlanScratch& ws = PlanAccess::scratch(plan);
+  ws.partials.resize(PlanAccess::partials(plan) * p.q_heads * (p.dv + 2));
+  const std::size_t items = plan.items().size();
+  const std::size_t threads = std::max<std::size_t>(1, plan.threads().shares());
+  const std::size_t workers = std::max<std::size_t>(1, std::min(threads, items));
+  const std::size_t per = scratch_floats(p);
+  ws.rows.resize(workers * per + rope::detail::kLineFloats);
+  float* base = rope::detail::line_start(ws.rows);
+  const AttendRun<Q, E, O, Arch> run(plan, cache, q, out, lse, p, ws.partials.data());
+  const Executor& executor = plan.threads().executor;
+  // Shares of about equal numbers of keys (and a few keys' worth per item,
+  // its rows' setup): the parts of a long cache and a short one's keys are
+  // not worth the same.
+  rope::detail::parallel_for_costs(
+      items, threads, executor,
+      [&](std::size_t i) {
+        std::size_t first = 0, count = 0;
+        run.cut(i, &first, &count);
+        return count + kItemCost;
+      },
+      [&](std::size_t i, std::size_t w) { run.item(i, scratch_at(base + w * per, p)); });
+  rope::detail::parallel_for(PlanAccess::merges(plan).size(), threads, executor,
+                             [&](std::size_t i, std::size_t w) { run.merge(i, scratch_at(base + w * per, p)); });
+}
+
+}  // namespace detail
+
+// Attention of the plan's new tokens over a cache that holds their keys and
+// values (append, or the caller's own writes) — see the header comment. q:
+// [tokens, q_heads, head_dim], read-only or not; out: [tokens, q_heads,
+// v_head_dim]; lse (null: not written): tokens * q_heads floats, at
+// t * q_heads + h, the natural log-sum-exp of each row's scores after
+// scale and softcap, sink included (state.hpp merges such pairs).
+// Everything is checked before out is written; nothing else is written.
+// Arch: the instruction set of the work outside the cache reads (widening
+// q, merging parts, the output rows), which rope::dispatch does not route;
+// the default, the caller's flags, keeps units built with different flags
+// apart (dispatch.md).
+template <class QV, class E, class O, class Arch = xsimd::default_arch>
+void attend(const Plan& plan, const PagedCache<E>& cache, const View<QV>& q_view, const View<O>& out,
+            const Logits& logits = {}, const Mask& mask = {}, float* lse = nullptr) {
+  using Q = std::remove_const_t<QV>;
+  static_assert(!std::is_const<O>::value, "rope::attention::attend: out is written");
+  detail::check_kv_element<E>();
+  detail::check_row_type<Q>();
+  detail::check_row_type<O>();
+  const char* fn = "rope::attention::attend";
+  const View<const Q> q(q_view);
+  detail::check_plan_cache(fn, plan, cache);
+  const Shape& s = plan.shape();
+  rope::detail::check_view(fn, "q", q);
+  rope::detail::check_view(fn, "out", out);
+  const char* dims[3] = {"tokens", "heads", "head_dim"};
+  const std::size_t want_q[3] = {plan.tokens(), s.q_heads, s.head_dim};
+  const std::size_t want_out[3] = {plan.tokens(), s.q_heads, s.v_head_dim};
+  const std::size_t got_q[3] = {q.tokens, q.heads, q.head_dim}, got_out[3] = {out.tokens, out.heads, out.head_dim};
+  for (std::size_t i = 0; i < 3; ++i) {
+    if (got_q[i] != want_q[i]) detail::fail(fn, {"q.", dims[i]}, {"the plan's ", want_q[i]}, got_q[i]);
+    if (got_out[i] != want_out[i]) detail::fail(fn, {"out.", dims[i]}, {"the plan's ", want_out[i]}, got_out[i]);
+  }
+  rope::detail::check_disjoint(fn, "out", out, "q", q);
+  detail::check_apart(fn, "out", out, "cache.k", cache.k);
+  detail::check_apart(fn, "out", out, "cache.v", cache.v);
+  if (lse != nullptr) {
+    const std::size_t n = plan.tokens() * s.q_heads;
+    if (detail::bytes_overlap(lse, n, out.data, detail::view_span(out)) ||
+        detail::bytes_overlap(lse, n, q.data, detail::view_span(q))) {
+      detail::fail(fn, "lse", "memory apart from q and out", "overlapping");
+    }
+    const View<float> lse_rows(lse, n, 1, 1, 1, 1);
+    detail::check_apart(fn, "lse", lse_rows, "cache.k", cache.k);
+    detail::check_apart(fn, "lse", lse_rows, "cache.v", cache.v);
+  }
+  detail::AttendParams p;
+  p.q_heads = s.q_heads;
+  p.kv_heads = s.kv_heads;
+  p.d = s.head_dim;
+  p.dv = s.v_head_dim;
+  p.logits = detail::check_logits<float>(fn, "logits", logits, s.q_heads, s.head_dim);
+  p.mask = mask;
+  p.chunk = std::min<std::size_t>(s.kv_split, kAttendMaxChunk);
+  detail::run_attend<Q, E, O, Arch>(plan, cache, q, out, lse, p);
+}
+
+}  // namespace rope::attention

@@ -1,0 +1,221 @@
+// rope/kernels/kv_planes.hpp — the element types of a KV cache (float,
+// bfloat16, float16, int8) and how a block of them is widened to float lanes.
+//
+// A stored value is widened exactly (int8 before its scale, which the
+// caller applies: q . (s k) = s (q . k)); a NaN stays a NaN (binary16 on
+// AVX-512 through vcvtph2ps, which quiets a signaling one). A block of
+// W = P * lanes stored values (P = 1 for float, 2 for the 16-bit types, 4
+// for int8) is widened into P "planes" of float lanes. In the portable way
+// it is loaded as 32-bit lanes and value P*i + k lands in lane i of plane k;
+// instead of shuffling every key and value back into channel order, the
+// query rows and the accumulators are kept in that plane order
+// (permute_row / unpermute_row, once per row and call):
+//
+//   channel base + P*i + k  (base a multiple of W, below d - d % W)
+//     is stored at  base + k * lanes + i;  channels past d - d % W stay put.
+//
+// so every load of the cache is one plain vector load, whatever the type,
+// instruction set or xsimd version. Where the instruction set widens a run
+// of narrow values in one instruction (int8 on AVX2 and AVX-512: vpmovsxbd;
+// binary16 on AVX-512: vcvtph2ps), plane k holds values k*lanes .. k*lanes +
+// lanes - 1 instead, in channel order (KvPlanes::kInOrder), and the rows
+// need no permutation. The rows over these planes: kv_dot.hpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "../detail/half_lanes.hpp"
+#include "../detail/inline.hpp"
+#include "../detail/simd.hpp"
+#include "../detail/xsimd.hpp"
+#include "../half.hpp"
+
+namespace rope {
+
+// The element types a KV cache may hold: float, BFloat16, Float16 and
+// std::int8_t (with one float scale per token and key/value head).
+template <class E>
+struct KvElement {
+  static constexpr bool kSupported = false;
+};
+template <>
+struct KvElement<float> {
+  static constexpr bool kSupported = true;
+  static constexpr std::size_t kPerLane = 1;  // stored values per 32-bit lane
+  static constexpr bool kScaled = false;
+};
+template <>
+struct KvElement<BFloat16> {
+  static constexpr bool kSupported = true;
+  static constexpr std::size_t kPerLane = 2;
+  static constexpr bool kScaled = false;
+};
+template <>
+struct KvElement<Float16> {
+  static constexpr bool kSupported = true;
+  static constexpr std::size_t kPerLane = 2;
+  static constexpr bool kScaled = false;
+};
+template <>
+struct KvElement<std::int8_t> {
+  static constexpr bool kSupported = true;
+  static constexpr std::size_t kPerLane = 4;
+  static constexpr bool kScaled = true;
+};
+
+namespace detail {
+
+// The P planes of W stored values at p, widened to float lanes.
+template <class E, class Arch>
+struct KvPlanes;
+
+// Whether Arch is AVX-512 (or AVX2 and not AVX-512), in a unit compiled
+// for it: the widening instructions of those sets are at hand.
+template <class Arch>
+constexpr bool is_avx512() noexcept {
+#if defined(__AVX512F__)
+  return std::is_base_of<xsimd::avx512f, Arch>::value;
+#else
+  return false;
+#endif
+}
+template <class Arch>
+constexpr bool is_avx2() noexcept {
+#if defined(__AVX2__)
+  return !is_avx512<Arch>() && std::is_base_of<xsimd::avx2, Arch>::value;
+#else
+  return false;
+#endif
+}
+
+template <class Arch>
+struct KvPlanes<float, Arch> {
+  using F = xsimd::batch<float, Arch>;
+  static constexpr bool kInOrder = true;
+  static void load(const float* p, F* out) noexcept { out[0] = F::load_unaligned(p); }
+};
+
+template <class Arch>
+struct KvPlanes<BFloat16, Arch> {
+  using F = xsimd::batch<float, Arch>;
+  using U = xsimd::batch<std::uint32_t, Arch>;
+  // A shift and a mask of one load: cheaper than widening runs in order.
+  static constexpr bool kInOrder = false;
+  static void load(const BFloat16* p, F* out) noexcept {
+    const U u = U::load_unaligned(reinterpret_cast<const std::uint32_t*>(p));
+    out[0] = BFloat16Lanes<Arch>::low(u);
+    out[1] = BFloat16Lanes<Arch>::high(u);
+  }
+};
+
+template <class Arch>
+struct KvPlanes<Float16, Arch> {
+  using F = xsimd::batch<float, Arch>;
+  using U = xsimd::batch<std::uint32_t, Arch>;
+  static constexpr bool kInOrder = is_avx512<Arch>();
+  static void load(const Float16* p, F* out) noexcept {
+#if defined(__AVX512F__)
+    // AVX-512F widens 16 binary16 values itself (vcvtph2ps): exact for
+    // every number, subnormals included whatever the denormals mode; a
+    // signaling NaN comes back quiet (a NaN all the same).
+    if constexpr (kInOrder) {
+      out[0] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      out[1] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16)));
+      return;
+    }
+#endif
+    const U u = U::load_unaligned(reinterpret_cast<const std::uint32_t*>(p));
+    out[0] = Float16Lanes<Arch>::low(u);
+    out[1] = Float16Lanes<Arch>::high(u);
+  }
+};
+
+// int8 on AVX2 and AVX-512: each run of `lanes` values sign-extended
+// (vpmovsxbd) and converted (vcvtdq2ps), exact. Elsewhere int8 k of a
+// lane: its byte, offset by 128 (x + 128 = byte ^ 0x80), under the
+// exponent of 2^23, minus 2^23 + 128: exact, with unsigned lanes only.
+template <class Arch>
+struct KvPlanes<std::int8_t, Arch> {
+  using F = xsimd::batch<float, Arch>;
+  using U = xsimd::batch<std::uint32_t, Arch>;
+  static constexpr bool kInOrder = is_avx512<Arch>() || is_avx2<Arch>();
+  static void load(const std::int8_t* p, F* out) noexcept {
+#if defined(__AVX512F__)
+    if constexpr (is_avx512<Arch>()) {
+      ROPE_UNROLL
+      for (std::size_t k = 0; k < 4; ++k) {
+        out[k] =
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k))));
+      }
+      return;
+    }
+#endif
+#if defined(__AVX2__)
+    if constexpr (is_avx2<Arch>()) {
+      ROPE_UNROLL
+      for (std::size_t k = 0; k < 4; ++k) {
+        out[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * k))));
+      }
+      return;
+    }
+#endif
+    const U u = U::load_unaligned(reinterpret_cast<const std::uint32_t*>(p));
+    const F offset(8388736.0f);
+    out[0] = as_float((u & U(0xffu)) ^ U(0x4b000080u)) - offset;
+    out[1] = as_float(((u >> 8) & U(0xffu)) ^ U(0x4b000080u)) - offset;
+    out[2] = as_float(((u >> 16) & U(0xffu)) ^ U(0x4b000080u)) - offset;
+    out[3] = as_float((u >> 24) ^ U(0x4b000080u)) - offset;
+  }
+};
+
+template <class E, class Arch>
+constexpr std::size_t kv_block() noexcept {
+  return KvElement<E>::kPerLane * xsimd::batch<float, Arch>::size;
+}
+
+// The most query rows handled together: their sums (rows x planes
+// registers) stay in registers, beside one key's planes, while the key or
+// value streams past once. A power of two, at most 8.
+template <class E, class Arch>
+constexpr std::size_t kv_max_rows() noexcept {
+  constexpr std::size_t P = KvElement<E>::kPerLane;
+  constexpr std::size_t fit = (vector_registers<Arch>() - P - 2) / P;
+  return fit >= 8 ? 8 : fit >= 4 ? 4 : fit >= 2 ? 2 : 1;
+}
+
+}  // namespace detail
+// out = the d floats of x in plane order for E on Arch (out != x): a copy
+// where the planes are in channel order.
+template <class E, class Arch = xsimd::default_arch>
+void permute_row(const float* x, std::size_t d, float* out) noexcept {
+  constexpr std::size_t lanes = xsimd::batch<float, Arch>::size;
+  constexpr std::size_t P = KvElement<E>::kPerLane;
+  constexpr std::size_t W = P * lanes;
+  const std::size_t full = detail::KvPlanes<E, Arch>::kInOrder ? 0 : d - d % W;
+  for (std::size_t base = 0; base < full; base += W) {
+    for (std::size_t i = 0; i < lanes; ++i) {
+      ROPE_UNROLL
+      for (std::size_t k = 0; k < P; ++k) out[base + k * lanes + i] = x[base + P * i + k];
+    }
+  }
+  for (std::size_t c = full; c < d; ++c) out[c] = x[c];
+}
+
+// The inverse of permute_row: out = x back in channel order (out != x).
+template <class E, class Arch = xsimd::default_arch>
+void unpermute_row(const float* x, std::size_t d, float* out) noexcept {
+  constexpr std::size_t lanes = xsimd::batch<float, Arch>::size;
+  constexpr std::size_t P = KvElement<E>::kPerLane;
+  constexpr std::size_t W = P * lanes;
+  const std::size_t full = detail::KvPlanes<E, Arch>::kInOrder ? 0 : d - d % W;
+  for (std::size_t base = 0; base < full; base += W) {
+    for (std::size_t i = 0; i < lanes; ++i) {
+      ROPE_UNROLL
+      for (std::size_t k = 0; k < P; ++k) out[base + P * i + k] = x[base + k * lanes + i];
+    }
+  }
+  for (std::size_t c = full; c < d; ++c) out[c] = x[c];
+}
+}  // namespace rope
