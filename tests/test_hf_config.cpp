@@ -452,6 +452,29 @@ TEST(HfConfig, MlaRefusalsNameTheKey) {
   expect_named_errors(cases);
 }
 
+// The families whose modeling code ships with their checkpoints are read as
+// that code reads them: what it refuses, or reads otherwise than rope would,
+// is refused by key.
+TEST(HfConfig, RemoteCodeRefusalsNameTheKey) {
+  const Json internlm2 = Json::parse(read_file(config_path("constructed_internlm2_linear.json")));
+  const std::vector<Bad> cases = {
+      {edited(internlm2, {{"rope_scaling", {{"type", "yarn"}, {"factor", 2.0}}}}), "rope_scaling.type", "\"yarn\""},
+      {edited(internlm2, {{"rope_scaling", {{"type", "linear"}, {"factor", 2}}}}), "rope_scaling.factor", "got 2"},
+      {edited(internlm2, {{"rope_scaling", {{"type", "dynamic"}, {"factor", 0.5}}}}), "rope_scaling.factor", "0.5"},
+      {edited(internlm2, {{"rope_scaling", {{"rope_type", "linear"}, {"factor", 2.0}}}}), "rope_scaling", "rope_type"},
+      {edited(internlm2,
+              {{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}, {"original_max_position_embeddings", 4}}}}),
+       "rope_scaling", "original_max_position_embeddings"},
+      {edited(internlm2, {{"rope_scaling", Json::object()}}), "rope_scaling", "{}"},
+      {edited(internlm2, {{"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1e6}}}}), "rope_parameters",
+       "rope_theta"},
+      {edited(internlm2, {{"rope_pos_id_version", "v2pe"}}), "rope_pos_id_version", "\"v2pe\""},
+      {edited(internlm2, {{"hidden_size", 4100}}), "hidden_size", "4100"},
+      {edited(internlm2, {{"head_dim", 64}}), "head_dim", "64"},
+  };
+  expect_named_errors(cases);
+}
+
 TEST(HfConfig, LayersPathsAndPairingOverride) {
   const auto llama4 = rope::hf::load(config_path("constructed_llama4_nope_temperature.json"));
   // Layer 3 has no RoPE; layer 8 does not exist.

@@ -48,6 +48,7 @@ struct Family {
   bool kv_channels = false;         // head size kv_channels (JetMoE's head_dim alias)
   bool always_interleaved = false;  // MLA pairs (2p, 2p+1) whatever rope_interleave says
   bool sparse_mla = false;          // MLA with a DeepSeek Sparse Attention indexer (index_* keys)
+  bool internlm2 = false;           // remote code: legacy rope_scaling {type, factor} alone, no V2PE
   bool indexer_interleaved = false;  // the indexer's rope pairs (2p, 2p+1); else (p, p + r/2)
   bool qwen3_5 = false;              // Qwen 3.5: Qwen3-Next's layers with interleaved M-RoPE, sections 11, 11, 10
   bool derived_head = false;         // the attention's head size is hidden_size / num_attention_heads
@@ -75,6 +76,7 @@ enum Trait : std::uint64_t {
   kNoRope = 1u << 15,  // refused: no RoPE
   kAttentionMultiplier = 1u << 16,
   kOlmo3 = 1u << 17,  // and require_theta
+  kInternlm2 = 1u << 18,
   kRequireEntry = 1u << 19,
   kConvMixer = 1u << 20,
   kMambaMixer = 1u << 21,
@@ -222,6 +224,9 @@ inline constexpr FamilyRow kFamilies[] = {
     {"persimmon", kHalf, kDerivedHead | kThetaRequired},  // default rope_theta 25000, later 10000
     {"smollm3", kHalf, kNopeInterval},                    // SmolLM3Attention: use_rope = no_rope_layers[layer_idx]
     {"exaone4", kHalf, kExaone4},  // Exaone4Attention.forward: sliding_window is None or is_sliding
+    // Remote code (InternVL's and InternLM's modeling_internlm2.py): rotate_half over the whole head of
+    // hidden_size // num_attention_heads; InternLM2Config validates a legacy {type, factor} rope_scaling.
+    {"internlm2", kHalf, kInternlm2 | kDerivedHead},
     // ALiBi instead of RoPE: refused.
     {"bloom", kHalf, kAlibi},
     {"mpt", kHalf, kAlibi},
@@ -281,6 +286,7 @@ inline Family family_from_row(const FamilyRow& row) {
   f.kv_channels = has(kKvChannels);
   f.always_interleaved = has(kAlwaysInterleaved);
   f.sparse_mla = has(kSparseMla);
+  f.internlm2 = has(kInternlm2);
   f.indexer_interleaved = has(kIndexerInterleaved);
   f.qwen3_5 = has(kQwen3_5);
   f.qwen3_next = f.qwen3_next || f.qwen3_5;
@@ -378,6 +384,11 @@ inline const Json* family_defaults(const std::string& family) {
       {"gemma", {{"head_dim", 256}}},
       {"gemma2 vaultgemma", {{"head_dim", 256}, {"query_pre_attn_scalar", 256}}},
       {"gemma4 gemma4_text", {{"head_dim", 256}, {"global_head_dim", 512}}},
+      {"internlm2",
+       {{"hidden_size", 4096},
+        {"num_attention_heads", 32},
+        {"num_hidden_layers", 32},
+        {"max_position_embeddings", 2048}}},
       {"qwen3_next qwen3_5 qwen3_5_text qwen3_5_moe qwen3_5_moe_text", {{"head_dim", 256}}},
   };
   if (family == "gemma3" || family == "gemma3_text") return &gemma3_defaults();

@@ -19,6 +19,7 @@
 #include "model.hpp"
 #include "mrope.hpp"
 #include "reader.hpp"
+#include "remote_families.hpp"
 #include "rope_entry.hpp"
 
 namespace rope::hf::detail {
@@ -250,6 +251,7 @@ inline void require_family_keys(const Config& config) {
            Json(*theta).dump());
     }
   }
+  if (family.internlm2) internlm2_keys(config);
   if (family.require_entry && config.block.json == nullptr) {
     config.cfg().missing("rope_scaling", "or rope_parameters: without one, " + family.type +
                                              "'s configuration installs a rope entry of its own (llama3 or yarn), "

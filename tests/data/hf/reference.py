@@ -87,6 +87,8 @@ HALF_FAMILIES = {
     "granitemoeshared", "granitemoehybrid", "olmo3", "flex_olmo", "bitnet", "lfm2", "lfm2_moe",
     "afmoe", "exaone_moe", "mllama", "mllama_text_model", "jetmoe", "seed_oss", "arcee", "dots1", "apertus",
     "cwm",
+    # Remote code shipped with the checkpoints: InternVL's / InternLM's modeling_internlm2.py rotate_half.
+    "internlm2",
 }
 # MLA families: rotary part qk_rope_head_dim channels after qk_nope_head_dim.
 MLA_FAMILIES = {"deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa"}
@@ -146,6 +148,9 @@ CLASS_DEFAULTS = {
     "vaultgemma": {"head_dim": 256, "query_pre_attn_scalar": 256},
     "gemma4_text": {"head_dim": 256, "global_head_dim": 512},
     "qwen3_next": {"head_dim": 256}, "qwen3_5_text": {"head_dim": 256},
+    # The remote InternLM2Config's __init__ defaults.
+    "internlm2": {"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 32,
+                  "max_position_embeddings": 2048},
 }
 # Composite and text model types share their text configuration's defaults.
 for _a, _b in (("gemma3n", "gemma3n_text"), ("mllama", "mllama_text_model"), ("qwen3_5", "qwen3_5_text"),
@@ -159,7 +164,9 @@ DEFAULT_PARTIAL = {"qwen3_next": 0.25, "qwen3_5": 0.25, "qwen3_5_text": 0.25, "q
                    "glm4_moe": 0.5, "persimmon": 0.5}
 # Attention that takes hidden_size // num_attention_heads whatever a head_dim key says (GPTNeoXAttention,
 # StableLmAttention, FalconAttention, PersimmonAttention, MllamaTextSelfAttention; Cohere2Config sets it).
-DERIVED_HEAD = {"gpt_neox", "stablelm", "falcon", "persimmon", "mllama", "mllama_text_model", "cohere2"}
+DERIVED_HEAD = {"gpt_neox", "stablelm", "falcon", "persimmon", "mllama", "mllama_text_model", "cohere2",
+                # InternLM2Attention: self.head_dim = self.hidden_size // self.num_heads.
+                "internlm2"}
 
 # GPT-J / CodeGen attribute_map.
 ALIASES = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer",
@@ -198,6 +205,8 @@ PROBES = {
     "constructed_exaone_moe_global_nope.json": {"layers": [0, 3]},
     "constructed_mllama_cross_attention.json": {"layers": [0, 3, 8, 9]},
     "constructed_cwm_llama3.json": {"layers": [0, 1]},
+    # InternLM2's legacy dynamic NTK stretches its base once the sequence passes max_position_embeddings.
+    "constructed_internvl2_internlm2_dynamic.json": {"seq_lens": [0, 32768, 32769, 65536]},
 }
 
 
