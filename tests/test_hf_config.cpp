@@ -457,6 +457,7 @@ TEST(HfConfig, MlaRefusalsNameTheKey) {
 // is refused by key.
 TEST(HfConfig, RemoteCodeRefusalsNameTheKey) {
   const Json internlm2 = Json::parse(read_file(config_path("constructed_internlm2_linear.json")));
+  const Json mimo = Json::parse(read_file(config_path("constructed_mimo_v2_flash_block_size.json")));
   const std::vector<Bad> cases = {
       {edited(internlm2, {{"rope_scaling", {{"type", "yarn"}, {"factor", 2.0}}}}), "rope_scaling.type", "\"yarn\""},
       {edited(internlm2, {{"rope_scaling", {{"type", "linear"}, {"factor", 2}}}}), "rope_scaling.factor", "got 2"},
@@ -471,6 +472,19 @@ TEST(HfConfig, RemoteCodeRefusalsNameTheKey) {
       {edited(internlm2, {{"rope_pos_id_version", "v2pe"}}), "rope_pos_id_version", "\"v2pe\""},
       {edited(internlm2, {{"hidden_size", 4100}}), "hidden_size", "4100"},
       {edited(internlm2, {{"head_dim", 64}}), "head_dim", "64"},
+      {edited(mimo, {}, {"swa_rope_theta"}), "swa_rope_theta", "nothing"},
+      {edited(mimo, {}, {"swa_head_dim"}), "swa_head_dim", "nothing"},
+      {edited(mimo, {}, {"partial_rotary_factor"}), "partial_rotary_factor", "nothing"},
+      {edited(mimo, {}, {"rope_theta"}), "rope_theta", "nothing"},
+      {edited(mimo, {}, {"head_dim"}), "head_dim", "nothing"},
+      {edited(mimo, {}, {"num_hidden_layers"}), "num_hidden_layers", "nothing"},
+      {edited(mimo, {}, {"hybrid_block_size"}), "hybrid_layer_pattern", "nothing"},
+      {edited(mimo, {{"hybrid_layer_pattern", {0, 1, 0}}}), "hybrid_layer_pattern", "[0,1,0]"},
+      {edited(mimo, {{"hybrid_layer_pattern", {0, -1, 0, 1}}}), "hybrid_layer_pattern[1]", "-1"},
+      {edited(mimo, {{"layer_types", std::vector<std::string>(4, "full_attention")}}), "layer_types",
+       "[\"full_attention\",\"full_attention\""},
+      {edited(mimo, {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}}), "rope_scaling", "yarn"},
+      {edited(mimo, {{"rope_type", "default"}}), "rope_type", "\"default\""},
   };
   expect_named_errors(cases);
 }

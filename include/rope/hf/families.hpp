@@ -49,6 +49,7 @@ struct Family {
   bool always_interleaved = false;  // MLA pairs (2p, 2p+1) whatever rope_interleave says
   bool sparse_mla = false;          // MLA with a DeepSeek Sparse Attention indexer (index_* keys)
   bool internlm2 = false;           // remote code: legacy rope_scaling {type, factor} alone, no V2PE
+  bool mimo = false;                // hybrid_layer_pattern; sliding layers: swa_rope_theta, swa_head_dim
   bool indexer_interleaved = false;  // the indexer's rope pairs (2p, 2p+1); else (p, p + r/2)
   bool qwen3_5 = false;              // Qwen 3.5: Qwen3-Next's layers with interleaved M-RoPE, sections 11, 11, 10
   bool derived_head = false;         // the attention's head size is hidden_size / num_attention_heads
@@ -84,10 +85,11 @@ enum Trait : std::uint64_t {
   kAfmoe = 1u << 23,
   kMllama = 1u << 24,
   kKvChannels = 1u << 25,
-  kAlwaysInterleaved = 1u << 26,     // with kDeepseek
-  kQwen3_5 = 1u << 27,               // and the Qwen3-Next traits
-  kDerivedHead = 1u << 28,           // head size hidden_size / num_attention_heads: a head_dim key must agree
-  kThetaRequired = 1u << 29,         // the releases default rope_theta differently: it must be given
+  kAlwaysInterleaved = 1u << 26,  // with kDeepseek
+  kQwen3_5 = 1u << 27,            // and the Qwen3-Next traits
+  kDerivedHead = 1u << 28,        // head size hidden_size / num_attention_heads: a head_dim key must agree
+  kThetaRequired = 1u << 29,      // the releases default rope_theta differently: it must be given
+  kMimo = 1u << 30,
   kSparseMla = 1ull << 32,           // with kDeepseek: an indexer whose rope rotates halves (p, p + r/2)
   kIndexerInterleaved = 1ull << 33,  // with kSparseMla: the indexer's rope pairs (2p, 2p+1)
 };
@@ -227,6 +229,9 @@ inline constexpr FamilyRow kFamilies[] = {
     // Remote code (InternVL's and InternLM's modeling_internlm2.py): rotate_half over the whole head of
     // hidden_size // num_attention_heads; InternLM2Config validates a legacy {type, factor} rope_scaling.
     {"internlm2", kHalf, kInternlm2 | kDerivedHead},
+    // MiMo-V2-Flash, as vLLM's and SGLang's MiMoV2Attention rotate it (get_rope, neox style over
+    // int(head_dim * partial_rotary_factor) channels); docs/hf_config.md says where its own modeling code differs.
+    {"mimo_v2_flash", kHalf, kMimo},
     // ALiBi instead of RoPE: refused.
     {"bloom", kHalf, kAlibi},
     {"mpt", kHalf, kAlibi},
@@ -287,6 +292,7 @@ inline Family family_from_row(const FamilyRow& row) {
   f.always_interleaved = has(kAlwaysInterleaved);
   f.sparse_mla = has(kSparseMla);
   f.internlm2 = has(kInternlm2);
+  f.mimo = has(kMimo);
   f.indexer_interleaved = has(kIndexerInterleaved);
   f.qwen3_5 = has(kQwen3_5);
   f.qwen3_next = f.qwen3_next || f.qwen3_5;
@@ -342,7 +348,7 @@ inline const std::vector<std::string>* known_layer_types(const Family& f, bool l
   if (f.linear_nope) return &linear;
   if (f.conv_mixer) return &conv;
   if (f.mamba_mixer) return &mamba;
-  if (f.cohere2 || f.exaone4 || f.gemma3 || f.gemma3n || f.afmoe || f.olmo3 || local_base) return &sliding;
+  if (f.cohere2 || f.exaone4 || f.gemma3 || f.gemma3n || f.afmoe || f.olmo3 || f.mimo || local_base) return &sliding;
   return nullptr;
 }
 

@@ -119,6 +119,38 @@ inline void lfm2_layer_types(Config& config, const ModelRope& model) {
   }
 }
 
+// MiMo-V2-Flash: hybrid_layer_pattern[i] == 1 marks a sliding-window layer,
+// any other value full attention (MiMoV2DecoderLayer, vLLM's
+// is_compressed_softmax_layer), for the first num_hidden_layers entries;
+// without it the configuration builds one from hybrid_block_size (layer i
+// full when (i + 1) is a multiple of it). A layer_types key (the modeling
+// code writes one from the pattern) must agree.
+inline void mimo_layer_types(Config& config, const ModelRope& model) {
+  const Reader& cfg = config.cfg();
+  require_layers(cfg, model, "MiMo-V2-Flash's configurations default it differently (32, 48)");
+  std::vector<std::string> types;
+  if (const auto pattern = cfg.count_list("hybrid_layer_pattern")) {
+    if (pattern->size() < model.num_layers) {
+      fail(cfg.fn(), cfg.path("hybrid_layer_pattern"), {"at least num_hidden_layers = ", model.num_layers, " entries"},
+           Json(*pattern).dump());
+    }
+    for (std::size_t i = 0; i < model.num_layers; ++i) {
+      types.push_back((*pattern)[i] == 1 ? "sliding_attention" : "full_attention");
+    }
+  } else if (const auto block = cfg.positive_count("hybrid_block_size")) {
+    for (std::size_t i = 0; i < model.num_layers; ++i) {
+      types.push_back((i + 1) % *block == 0 ? "full_attention" : "sliding_attention");
+    }
+  } else {
+    cfg.missing("hybrid_layer_pattern", "or hybrid_block_size: they tell MiMo-V2-Flash's layers apart");
+  }
+  if (!config.layer_types.empty() && config.layer_types != types) {
+    fail(cfg.fn(), cfg.path("layer_types"), "the types hybrid_layer_pattern gives, " + Json(types).dump(),
+         Json(config.layer_types).dump());
+  }
+  config.layer_types = types;
+}
+
 // GraniteMoeHybridConfig: layer_types, or layers_block_type (its alias),
 // else every layer "mamba".
 inline void granite_hybrid_layer_types(Config& config, const ModelRope& model) {
@@ -155,6 +187,7 @@ inline void read_layer_types(Config& config, ModelRope& model) {
   // full_attention_interval-th layer (default 4) is full attention, the rest
   // linear_attention.
   if (family.qwen3_next) interval_pattern(config, model, "full_attention_interval", 4, "linear_attention");
+  if (family.mimo) mimo_layer_types(config, model);
 }
 
 // The rope block holds one entry per layer type: every key of it names one.
@@ -177,9 +210,16 @@ inline std::size_t kind_index(const ModelRope& model, const std::string& name) {
 }
 
 // Gemma 4's full-attention layers have global_head_dim channels.
+// MiMo-V2-Flash's sliding-window layers have swa_head_dim channels (its
+// modeling code and vLLM read it for them).
 inline std::size_t head_dim_for(const Config& config, const std::string& layer_type) {
   if (config.context.family.gemma4 && layer_type == "full_attention") {
     return config.cfg().positive_count("global_head_dim").value_or(config.context.head_dim);
+  }
+  if (config.context.family.mimo && layer_type == "sliding_attention") {
+    const auto dim = config.cfg().positive_count("swa_head_dim");
+    if (!dim) config.cfg().missing("swa_head_dim", "MiMo-V2-Flash's sliding-window layers have that many channels");
+    return *dim;
   }
   return config.context.head_dim;
 }
@@ -235,6 +275,14 @@ inline LayerRope rotating_kind(const Config& config, const std::string& type) {
     return read_kind(c, config.entry(&*it, path), type, head_dim_for(config, type));
   }
   if (c.family.olmo3 && type == "sliding_attention") return olmo3_sliding_kind(config, type);
+  if (c.family.mimo && type == "sliding_attention") {
+    // MiMoV2Attention of a sliding-window layer: the default rope at
+    // swa_rope_theta (vLLM falls back to rope_theta, the modeling code has
+    // none: it must be given).
+    LayerRope local = read_kind(c, config.entry(nullptr, ""), type, head_dim_for(config, type));
+    local.base = config.cfg().required_positive("swa_rope_theta", "MiMo-V2-Flash's sliding-window layers use it");
+    return local;
+  }
   if (local_base(config) && type == "sliding_attention") {
     // Gemma3TextConfig: rope_parameters["sliding_attention"] is the default
     // rope at rope_local_base_freq; rope_scaling goes to full_attention only.

@@ -252,6 +252,7 @@ inline void require_family_keys(const Config& config) {
     }
   }
   if (family.internlm2) internlm2_keys(config);
+  if (family.mimo) mimo_keys(config);
   if (family.require_entry && config.block.json == nullptr) {
     config.cfg().missing("rope_scaling", "or rope_parameters: without one, " + family.type +
                                              "'s configuration installs a rope entry of its own (llama3 or yarn), "

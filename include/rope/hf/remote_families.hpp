@@ -1,7 +1,9 @@
 // rope/hf/remote_families.hpp — the families whose modeling code ships with
 // their checkpoints rather than with the reference library: what their
 // configuration and attention code accept, refused by key where rope would
-// read something else (InternLM2). Internal to rope::hf.
+// read something else (InternLM2) or where that code and the serving
+// implementations read a config differently (MiMo-V2-Flash). Internal to
+// rope::hf.
 #pragma once
 
 #include <cstddef>
@@ -53,6 +55,26 @@ inline void internlm2_keys(const Config& config) {
   if (heads != 0 && hidden % heads != 0) {
     fail(cfg.fn(), cfg.path("hidden_size"),
          {"a multiple of num_attention_heads = ", heads, " (InternLM2Attention raises otherwise)"}, hidden);
+  }
+}
+
+// MiMo-V2-Flash: the keys its implementations read alike only when given.
+// A rope entry is ignored by vLLM and by the modeling code's rotary
+// embedding (which reads a top-level rope_type instead) and applied by
+// SGLang; rope_theta, partial_rotary_factor and num_hidden_layers default
+// differently in the checkpoint's configuration (10000, 1, 32) and in
+// transformers' port (5e6, 0.334, 48); the attention reads head_dim without
+// a default.
+inline void mimo_keys(const Config& config) {
+  const Reader& cfg = config.cfg();
+  for (const char* key : {"rope_scaling", "rope_parameters", "rope_type"}) {
+    if (cfg.has(key)) {
+      cfg.bad(key, "absent (MiMo-V2-Flash's implementations disagree on a rope entry: vLLM ignores it)",
+              *cfg.find(key));
+    }
+  }
+  for (const char* key : {"head_dim", "rope_theta", "partial_rotary_factor"}) {
+    if (!cfg.has(key)) cfg.missing(key, "MiMo-V2-Flash's implementations default it differently, or not at all");
   }
 }
 

@@ -89,6 +89,9 @@ HALF_FAMILIES = {
     "cwm",
     # Remote code shipped with the checkpoints: InternVL's / InternLM's modeling_internlm2.py rotate_half.
     "internlm2",
+    # vLLM's and SGLang's MiMoV2Attention: get_rope with the default neox style over
+    # int(head_dim * partial_rotary_factor) channels, the inv_freq of that many channels.
+    "mimo_v2_flash",
 }
 # MLA families: rotary part qk_rope_head_dim channels after qk_nope_head_dim.
 MLA_FAMILIES = {"deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa"}
@@ -205,6 +208,8 @@ PROBES = {
     "constructed_exaone_moe_global_nope.json": {"layers": [0, 3]},
     "constructed_mllama_cross_attention.json": {"layers": [0, 3, 8, 9]},
     "constructed_cwm_llama3.json": {"layers": [0, 1]},
+    "constructed_mimo_v2_flash.json": {"layers": [0, 1, 5, 47]},
+    "constructed_mimo_v2_flash_block_size.json": {"layers": [0, 1, 2, 3]},
     # InternLM2's legacy dynamic NTK stretches its base once the sequence passes max_position_embeddings.
     "constructed_internvl2_internlm2_dynamic.json": {"seq_lens": [0, 32768, 32769, 65536]},
 }
@@ -446,6 +451,13 @@ def describe(name, root):
         # "linear_attention" where (i + 1) % interval is non-zero, else "full_attention".
         interval = cfg.get("full_attention_interval", 4)
         layer_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(num_layers)]
+    mimo = model_type == "mimo_v2_flash"
+    if mimo:
+        # MiMoV2DecoderLayer / vLLM's is_compressed_softmax_layer: hybrid_layer_pattern[i] == 1 is a
+        # sliding-window layer; MiMoV2FlashConfig builds the pattern from hybrid_block_size when absent.
+        pattern = cfg.get("hybrid_layer_pattern") or [0 if (i + 1) % cfg.get("hybrid_block_size") == 0 else 1
+                                                      for i in range(num_layers)]
+        layer_types = ["sliding_attention" if pattern[i] == 1 else "full_attention" for i in range(num_layers)]
     entries = standardize(cfg, model_type, layer_types)
     local_base = gemma3 or gemma3n or cfg.has("rope_local_base_freq")
     olmo3 = model_type == "olmo3"
@@ -470,6 +482,8 @@ def describe(name, root):
         dim = head_dim
         if model_type in ("gemma4", "gemma4_text") and layer_type == "full_attention":
             dim = cfg.get("global_head_dim") or head_dim
+        if mimo and layer_type == "sliding_attention":
+            dim = cfg.get("swa_head_dim")  # MiMoV2Attention of a sliding-window layer: swa_head_dim
         rope_type = params["rope_type"]
         base = params["rope_theta"]
         if chatglm:
@@ -494,6 +508,9 @@ def describe(name, root):
             return entries[layer_type]
         if (local_base or olmo3) and layer_type == "sliding_attention":
             return cfg.rope_parameters["sliding_attention"]
+        if mimo and layer_type == "sliding_attention":
+            # vLLM's MiMoV2FlashDecoderLayer: rope_theta=swa_rope_theta for sliding-window layers.
+            return dict(entries[None], rope_theta=cfg.get("swa_rope_theta"))
         return entries[None]
 
     # Which layers apply RoPE, as each family's attention decides.
