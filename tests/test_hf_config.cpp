@@ -489,6 +489,34 @@ TEST(HfConfig, RemoteCodeRefusalsNameTheKey) {
   expect_named_errors(cases);
 }
 
+// InternLM2Config's defaults (hidden_size 4096 over 32 heads, 32 layers,
+// 2048 positions) carry its legacy dynamic NTK, whose base past them is the
+// closed form base * (f * seq_len / max - (f - 1))^(d / (d - 2)); MiMo-V2-Flash
+// reads the first num_hidden_layers entries of a longer hybrid_layer_pattern.
+TEST(HfConfig, RemoteCodeDefaultsAndPatterns) {
+  const auto internlm2 = rope::hf::parse(R"({"model_type": "internlm2", "rope_theta": 1000000,
+      "rope_scaling": {"type": "dynamic", "factor": 2.0}})");
+  EXPECT_EQ(internlm2.num_layers, 32u);
+  EXPECT_EQ(internlm2.head_dim, 128u);
+  EXPECT_EQ(internlm2.seq_len_dependence(0).switch_length, 2048u);
+  const double d = 128.0, base = 1e6 * std::pow(2.0 * 4096.0 / 2048.0 - 1.0, d / (d - 2.0));
+  const rope::Frequencies f = internlm2.frequencies(0, 4096);
+  ASSERT_EQ(f.inv_freq.size(), 64u);
+  for (std::size_t p = 0; p < 64; ++p) {
+    expect_relative(f.inv_freq[p], std::pow(base, -2.0 * static_cast<double>(p) / d),
+                    "inv_freq[" + std::to_string(p) + "]");
+  }
+  Json mimo = Json::parse(read_file(config_path("constructed_mimo_v2_flash_block_size.json")));
+  mimo.erase("hybrid_block_size");
+  mimo["hybrid_layer_pattern"] = {1, 0, 0, 1, 1, 1};
+  const auto longer = rope::hf::from_json(mimo);
+  ASSERT_EQ(longer.num_layers, 4u);
+  const std::vector<std::string> want = {"sliding_attention", "full_attention", "full_attention", "sliding_attention"};
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(longer.layer(i).layer_type, want[i]) << "layer " << i;
+  EXPECT_EQ(longer.layer(0).head_dim, 64u);
+  EXPECT_EQ(longer.layer(1).head_dim, 128u);
+}
+
 TEST(HfConfig, LayersPathsAndPairingOverride) {
   const auto llama4 = rope::hf::load(config_path("constructed_llama4_nope_temperature.json"));
   // Layer 3 has no RoPE; layer 8 does not exist.
