@@ -1,19 +1,31 @@
 #!/usr/bin/env bash
 # The reliability stages of CI, after scripts/test.sh:
 #   format every C++ file as .clang-format says (clang-format 14, the
-#          Debian bookworm one); fails listing the files that differ.
+#          Debian bookworm one); fails listing the files that differ, or
+#          when it finds no C++ file (git's list of the tree, or outside a
+#          git checkout every *.hpp and *.cpp but build/'s).
 #          Apply it with: clang-format -i $(git ls-files '*.hpp' '*.cpp')
 #   clang  clang++, the whole suite under AddressSanitizer +
 #          UndefinedBehaviorSanitizer, warnings as errors
-#   tsan   g++, the concurrency tests under ThreadSanitizer
+#   tsan   g++, the concurrency tests under ThreadSanitizer: Concurrency.*,
+#          ExecutorContract.*, AttentionThreads.*, DispatchThreads.*; fails
+#          when one of those groups is not in the build
 #   fuzz   clang++ libFuzzer target, run for ROPE_FUZZ_SECONDS (default 60)
 #   aarch64  the suite cross-compiled with g++-aarch64-linux-gnu, run under
 #            qemu-aarch64: the NEON kernels
 #   xsimd14  the suite and examples, g++, against the xsimd 14 headers in the
-#            folder ROPE_XSIMD14_INCLUDE_DIR names (environment; .ci/run sets
-#            it where CI has them; skipped, saying so, where it is unset);
-#            of the consumer projects only install, find_package and
-#            install_unbuilt (CMakePresets.json, test preset xsimd14)
+#            folder ROPE_XSIMD14_INCLUDE_DIR names (environment; .ci/run
+#            points it at CI's copy); fails when it is unset or the folder
+#            holds no xsimd/xsimd.hpp: without those headers, name the other
+#            stages instead. Of the consumer projects only install,
+#            find_package and install_unbuilt (CMakePresets.json, test preset
+#            xsimd14)
+#
+# The suites of clang, asan and xsimd14, built for this machine, must run
+# the instruction sets ROPE_EXPECT_ARCHS names (as given, e.g. by .ci/run,
+# else scripts/expected_archs.sh: what the CPU has), and the aarch64 suite
+# arm64+neon: Architectures.EveryExpectedArchitectureIsBuiltAndRuns, which
+# each of those stages fails without.
 #
 #   asan   g++, the whole suite under ASan + UBSan (not in the default list:
 #          the clang stage runs the same sanitizers, and CI's time goes to the
@@ -42,6 +54,53 @@ fuzz_seconds="${ROPE_FUZZ_SECONDS:-60}"
 # the folder of its headers (the xsimd14 preset reads the same variable).
 xsimd14_include="${ROPE_XSIMD14_INCLUDE_DIR:-}"
 
+# The xsimd14 stage's subject: a folder of xsimd 14 headers.
+require_xsimd14_headers() {
+  if [ -z "$xsimd14_include" ]; then
+    echo "rope check: xsimd14: ROPE_XSIMD14_INCLUDE_DIR is unset: set it to a folder of xsimd 14 headers," \
+      "or name the stages to run without this one (e.g. scripts/check.sh format clang tsan fuzz aarch64)" >&2
+    exit 1
+  fi
+  if [ ! -f "$xsimd14_include/xsimd/xsimd.hpp" ]; then
+    echo "rope check: xsimd14: ROPE_XSIMD14_INCLUDE_DIR=$xsimd14_include holds no xsimd/xsimd.hpp" >&2
+    exit 1
+  fi
+}
+
+# require_tests STAGE REGEX WHAT: fails unless the stage's build holds a
+# test that REGEX matches (ctest passes where a filter matches nothing).
+require_tests() {
+  local stage="$1" regex="$2" what="$3" count
+  count=$(ctest --test-dir "build/$stage" -N -R "$regex" | sed -n 's/^Total Tests: *//p')
+  if [ "${count:-0}" -eq 0 ]; then
+    echo "rope check: $stage: no test matches '$regex' ($what): the stage would pass without it" >&2
+    exit 1
+  fi
+}
+
+# run_suite STAGE ARCHS: the stage's tests (its test preset), with
+# Architectures.* asserting that the suite ran each instruction set of ARCHS
+# (a comma-separated list of xsimd names).
+run_suite() {
+  local stage="$1" archs="$2"
+  if [ -z "$archs" ]; then
+    echo "rope check: $stage: no instruction sets to expect (ROPE_EXPECT_ARCHS)" >&2
+    exit 1
+  fi
+  require_tests "$stage" '^Architectures\.EveryExpectedArchitectureIsBuiltAndRuns$' "the instruction sets $archs"
+  echo "=== rope check: $stage must run $archs"
+  ROPE_EXPECT_ARCHS="$archs" ctest --preset "$stage"
+}
+
+# What the suites built for this machine must run.
+host_archs() {
+  if [ -n "${ROPE_EXPECT_ARCHS:-}" ]; then
+    echo "$ROPE_EXPECT_ARCHS"
+  else
+    bash scripts/expected_archs.sh
+  fi
+}
+
 run_stage() {
   local stage="$1" start=$SECONDS
   echo "=== rope check: $stage"
@@ -56,20 +115,43 @@ run_stage() {
   bash scripts/deps.sh "$stage"
   case "$stage" in
     format)
-      # The C++ files git tracks (or would: untracked, not ignored).
-      local differ=()
-      while IFS= read -r file; do
+      # The C++ files git tracks (or would: untracked, not ignored); outside
+      # a git checkout, every one of the tree but the build folders'.
+      local files=() differ=()
+      if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+        mapfile -t files < <(git ls-files --cached --others --exclude-standard '*.hpp' '*.cpp' | grep -v '^tests/data/')
+      else
+        mapfile -t files < <(find . \( -path ./build -o -path ./.git -o -path ./tests/data \) -prune -o \
+          -type f \( -name '*.hpp' -o -name '*.cpp' \) -print | sed 's|^\./||' | sort)
+      fi
+      if [ ${#files[@]} -eq 0 ]; then
+        echo "rope check: format: found no C++ file to check in $(pwd)" >&2
+        exit 1
+      fi
+      for file in "${files[@]}"; do
         clang-format --dry-run -Werror "$file" >/dev/null 2>&1 || differ+=("$file")
-      done < <(git ls-files --cached --others --exclude-standard '*.hpp' '*.cpp' | grep -v '^tests/data/')
+      done
+      echo "=== rope check: format: ${#files[@]} C++ files checked"
       if [ ${#differ[@]} -ne 0 ]; then
         echo "rope check: format: these files differ from .clang-format (clang-format -i FILE mends them):" >&2
         printf '  %s\n' "${differ[@]}" >&2
         exit 1
       fi
       ;;
-    asan|clang|tsan)
+    asan|clang)
       cmake --preset "$stage" >/dev/null
       cmake --build --preset "$stage" -j "$jobs"
+      run_suite "$stage" "$(host_archs)"
+      ;;
+    tsan)
+      cmake --preset "$stage" >/dev/null
+      cmake --build --preset "$stage" -j "$jobs"
+      # Every group the stage is for must be there: the preset's filter
+      # passes when it matches nothing.
+      local group
+      for group in Concurrency ExecutorContract AttentionThreads DispatchThreads; do
+        require_tests "$stage" "^$group\\." "the $group tests under ThreadSanitizer"
+      done
       ctest --preset "$stage"
       ;;
     fuzz)
@@ -86,23 +168,21 @@ run_stage() {
     aarch64)
       cmake --preset "$stage" >/dev/null
       cmake --build --preset "$stage" -j "$jobs"
-      ctest --preset "$stage"
+      # The NEON kernels are what this stage is for.
+      run_suite "$stage" "arm64+neon"
       ;;
     xsimd14)
-      if [ -z "$xsimd14_include" ]; then
-        echo "=== rope check: xsimd14 skipped: ROPE_XSIMD14_INCLUDE_DIR names no folder of xsimd 14 headers"
-        return 0
-      fi
-      if [ ! -f "$xsimd14_include/xsimd/xsimd.hpp" ]; then
-        echo "rope check: xsimd14: ROPE_XSIMD14_INCLUDE_DIR=$xsimd14_include holds no xsimd/xsimd.hpp" >&2
-        exit 1
-      fi
+      require_xsimd14_headers
       cmake --preset "$stage" >/dev/null
       cmake --build --preset "$stage" -j "$jobs"
-      ctest --preset "$stage"
+      run_suite "$stage" "$(host_archs)"
       ;;
   esac
   echo "=== rope check: $stage passed in $((SECONDS - start)) s"
 }
 
+# A missing subject fails before any stage has run, not after the others.
+for stage in "${stages[@]}"; do
+  if [ "$stage" = xsimd14 ]; then require_xsimd14_headers; fi
+done
 for stage in "${stages[@]}"; do run_stage "$stage"; done
