@@ -301,14 +301,18 @@ TEST(FeaturesStatistics, SqrtDNormsEstimateAtMostTheKernel) {
 // softmax attention over seeds; with pre_phi set, both with RoPE.
 double favor_mse(std::size_t m, const Matrix<double>& q, const Matrix<double>& k, const Matrix<double>& v,
                  const Rotation<double>& pre_phi, std::size_t seeds) {
-  const Matrix<double> exact = rope::attention::softmax(q, k, v, pre_phi);
+  rope::attention::SoftmaxOptions all_keys;
+  all_keys.mask.causal = false;
+  rope::attention::LinearOptions all_sums;
+  all_sums.mask.causal = false;
+  const Matrix<double> exact = rope::attention::softmax(q, k, v, pre_phi, all_keys);
   double mse = 0;
   for (std::size_t s = 0; s < seeds; ++s) {
     FavorOptions fo;
     fo.features = m;
     fo.seed = 7000 + s;
     const FavorFeatures phi(static_cast<std::size_t>(q.cols()), fo);
-    const Matrix<double> out = rope::attention::linear(q, k, v, phi, {}, pre_phi);
+    const Matrix<double> out = rope::attention::linear(q, k, v, phi, all_sums, pre_phi);
     mse += (out - exact).squaredNorm() / double(exact.size());
   }
   return mse / double(seeds);
@@ -341,7 +345,9 @@ TEST(FeaturesStatistics, PrePhiConvergesToSoftmaxWithRope) {
   EXPECT_LT(mse256, mse64);
   EXPECT_GE(mse1024 / mse256, 0.15);
   EXPECT_LE(mse1024 / mse256, 0.40);
-  const Matrix<double> exact = rope::attention::softmax(q, k, v, rope);
+  rope::attention::SoftmaxOptions all_keys;
+  all_keys.mask.causal = false;
+  const Matrix<double> exact = rope::attention::softmax(q, k, v, rope, all_keys);
   EXPECT_LT(std::sqrt(mse1024 / (exact.squaredNorm() / double(exact.size()))), 0.1);
 }
 

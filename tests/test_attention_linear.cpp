@@ -62,7 +62,7 @@ TYPED_TEST(LinearTyped, EqualsQuadraticFormForEveryChunk) {
     const auto want = at::quadratic(q, q, k, k, at::to_ld(v), causal);
     for (const std::size_t chunk : kChunks) {
       LinearOptions o;
-      o.causal = causal;
+      o.mask.causal = causal;
       o.chunk = chunk;
       EXPECT_LE(at::relative_error(rope::attention::linear(fq, fk, v, o), want), at::exact_tolerance<T>())
           << "causal " << causal << " chunk " << chunk;
@@ -72,7 +72,9 @@ TYPED_TEST(LinearTyped, EqualsQuadraticFormForEveryChunk) {
   const Matrix<T> fk2 = positive_features<T>(60, m, 4);
   const Matrix<T> v2 = at::random_matrix<T>(60, dv, 5);
   const auto want2 = at::quadratic(q, q, at::to_ld(fk2), at::to_ld(fk2), at::to_ld(v2), false);
-  EXPECT_LE(at::relative_error(rope::attention::linear(fq, fk2, v2), want2), at::exact_tolerance<T>());
+  LinearOptions all_keys;
+  all_keys.mask.causal = false;
+  EXPECT_LE(at::relative_error(rope::attention::linear(fq, fk2, v2, all_keys), want2), at::exact_tolerance<T>());
 }
 
 // E2 for FAVOR+ causal keys: the running prefix max and eps = 0 for keys give
@@ -105,7 +107,7 @@ TYPED_TEST(LinearTyped, FavorCausalEqualsQuadraticForm) {
   const auto want = at::quadratic(qf, qf, kf, kf, vf, true, 0.0L);
   for (const std::size_t chunk : kChunks) {
     LinearOptions o;
-    o.causal = true;
+    o.mask.causal = true;
     o.chunk = chunk;
     o.delta = 0;
     EXPECT_LE(at::relative_error(rope::attention::linear(q, k, v, phi, o), want), at::exact_tolerance<T>())
@@ -121,7 +123,7 @@ TYPED_TEST(LinearTyped, RecurrentStepsEqualBatch) {
   const Matrix<T> fq = positive_features<T>(l, m, 21), fk = positive_features<T>(l, m, 22);
   const Matrix<T> v = at::random_matrix<T>(l, dv, 23);
   LinearOptions o;
-  o.causal = true;
+  o.mask.causal = true;
   o.chunk = 7;
   const Matrix<T> batch = rope::attention::linear(fq, fk, v, o);
   LinearState<T> state(m, dv);
@@ -179,6 +181,7 @@ TYPED_TEST(LinearTyped, Eq19EqualsQuadraticForm) {
   const Matrix<T> fq = positive_features<T>(l, m, 31), fk = positive_features<T>(l, m, 32);
   const Matrix<T> v = at::random_matrix<T>(l, dv, 33);
   LinearOptions o;
+  o.mask.causal = false;
   o.q_positions = at::random_positions(l, 300, 34);
   o.k_positions = at::random_positions(l, 300, 35);
   const auto qd = at::to_ld(fq), kd = at::to_ld(fk);
@@ -192,7 +195,7 @@ TYPED_TEST(LinearTyped, Eq19EqualsQuadraticForm) {
       // Causal masks by position: key j is summed for query i iff pk_j <= pq_i.
       const auto want = at::quadratic(qn, qd, kn, kd, at::to_ld(v), causal, 1e-6L, o.q_positions, o.k_positions);
       for (const std::size_t chunk : {std::size_t{1}, std::size_t{4}, std::size_t{29}}) {
-        o.causal = causal;
+        o.mask.causal = causal;
         o.chunk = chunk;
         const Matrix<T> got = rope::attention::linear_eq19(fq, fk, v, Rotation<T>{&table, style}, o);
         EXPECT_LE(at::relative_error(got, want), at::exact_tolerance<T>())
@@ -223,6 +226,7 @@ TEST(Linear, FavorEq19EqualsQuadraticForm) {
     }
   }
   LinearOptions o;
+  o.mask.causal = false;
   o.delta = 0;
   o.q_positions = at::random_positions(l, 64, 44);
   o.k_positions = at::random_positions(l, 64, 45);
@@ -232,7 +236,7 @@ TEST(Linear, FavorEq19EqualsQuadraticForm) {
     kn[i] = at::rotate(kd[i], freqs.inv_freq, Style::block_diagonal, at::LD(o.k_positions[i]));
   }
   for (const bool causal : {false, true}) {
-    o.causal = causal;
+    o.mask.causal = causal;
     o.chunk = 5;
     const auto want = at::quadratic(qn, qd, kn, kd, at::to_ld(v), causal, 0.0L, o.q_positions, o.k_positions);
     const Matrix<double> got =
@@ -254,6 +258,7 @@ TYPED_TEST(LinearTyped, PrePhiEqualsRotatingFirst) {
   const Matrix<T> q = at::random_matrix<T>(l, d, 46), k = at::random_matrix<T>(l, d, 47);
   const Matrix<T> v = at::random_matrix<T>(l, dv, 48);
   LinearOptions o;
+  o.mask.causal = false;
   o.q_positions = at::random_positions(l, 100, 49);
   o.k_positions = at::random_positions(l, 100, 50);
   Matrix<T> qr = q, kr = k;
@@ -266,7 +271,7 @@ TYPED_TEST(LinearTyped, PrePhiEqualsRotatingFirst) {
   }
   for (const bool causal : {false, true}) {
     for (const std::size_t chunk : {std::size_t{1}, std::size_t{4}, std::size_t{31}}) {
-      o.causal = causal;
+      o.mask.causal = causal;
       o.chunk = chunk;
       // The same positions mask both calls; only the rotation differs.
       const Matrix<T> want = rope::attention::linear(qr, kr, v, phi, o);
@@ -287,7 +292,7 @@ TYPED_TEST(LinearTyped, Eq19PositionIdentities) {
   for (const Style style : kStyles) {
     for (const bool causal : {false, true}) {
       LinearOptions o;
-      o.causal = causal;
+      o.mask.causal = causal;
       o.chunk = 6;
       o.q_positions.assign(l, 77);
       o.k_positions.assign(l, 77);
@@ -318,6 +323,7 @@ TEST(Linear, Eq19GoldenValues) {
   v << 1, 1;
   v2 << 1, 0, 0, 1;  // one value channel per key: the output is the weights
   LinearOptions o;
+  o.mask.causal = false;
   o.q_positions = {2};
   o.k_positions = {0, 1};
   const Rotation<double> rope{&table, Style::block_diagonal};
@@ -353,7 +359,7 @@ TEST(Linear, OffsetsCancelWithZeroEps) {
   const Matrix<double> fq_scaled = row_scale.asDiagonal() * fq;
   for (const bool causal : {false, true}) {
     LinearOptions o;
-    o.causal = causal;
+    o.mask.causal = causal;
     o.chunk = 8;
     const Matrix<double> base = rope::attention::linear(fq, fk, v, o);
     EXPECT_LE(at::relative_error(rope::attention::linear(fq_scaled, fk, v, o), base), 1e-12);
@@ -370,7 +376,7 @@ TEST(Linear, OffsetsCancelWithZeroEps) {
   const Matrix<double> raw_q = lq.exponent.array().exp().matrix(), raw_k = lk.exponent.array().exp().matrix();
   for (const bool causal : {false, true}) {
     LinearOptions o;
-    o.causal = causal;
+    o.mask.causal = causal;
     o.chunk = 10;
     o.delta = 0;
     const auto want = at::quadratic(at::to_ld(raw_q), at::to_ld(raw_q), at::to_ld(raw_k), at::to_ld(raw_k),
@@ -401,7 +407,7 @@ TYPED_TEST(LinearTyped, FeaturesAndDenominatorsPositive) {
     EXPECT_GT(elu.minCoeff(), T(0));
     for (const bool causal : {false, true}) {
       LinearOptions o;
-      o.causal = causal;
+      o.mask.causal = causal;
       o.chunk = 9;
       const Matrix<T> ones = Matrix<T>::Ones(static_cast<Eigen::Index>(l), 1);
       const Matrix<T> unit = rope::attention::linear(q, k, ones, phi, o, rope);
@@ -440,7 +446,7 @@ TYPED_TEST(LinearTyped, CausalPrefixInvariance) {
   const rope::Table<T> feature_table(rope::frequencies(fo.features, 10000.0), 64);
   for (const std::size_t chunk : {std::size_t{1}, std::size_t{5}, std::size_t{16}, std::size_t{36}}) {
     LinearOptions o;
-    o.causal = true;
+    o.mask.causal = true;
     o.chunk = chunk;
     const Matrix<T> a = rope::attention::linear(q, k, v, phi, o), b = rope::attention::linear(q2, k2, v2, phi, o);
     EXPECT_LE(at::relative_error(b.topRows(t), a.topRows(t)), at::exact_tolerance<T>()) << "chunk " << chunk;
@@ -451,7 +457,7 @@ TYPED_TEST(LinearTyped, CausalPrefixInvariance) {
   }
   // The same test fails with the head-wide key offset: it is discriminating.
   LinearOptions o;
-  o.causal = true;
+  o.mask.causal = true;
   const Matrix<T> wide_a = rope::attention::linear(phi.queries(q), phi.keys(k), v, o);
   const Matrix<T> wide_b = rope::attention::linear(phi.queries(q2), phi.keys(k2), v2, o);
   EXPECT_GT(at::relative_error(wide_b.topRows(t), wide_a.topRows(t)), 1e-3);
@@ -465,12 +471,12 @@ TEST(Linear, BadInputThrows) {
   using rope::attention::linear;
   using rope::attention::linear_eq19;
   EXPECT_NE(message([&] {
-              linear_eq19(f3, f3, v, Rotation<double>{&table4});
+              linear_eq19(f3, f3, v, Rotation<double>{&table4, rope::Style::rotate_half});
             }).find("the feature dimension m must be even for eq. 19 (pairs of features), got 3"),
             std::string::npos);
   const rope::Table<double> table2(rope::frequencies(2, 10000.0), 8);
   EXPECT_NE(message([&] {
-              linear_eq19(f4, f4, v, Rotation<double>{&table2});
+              linear_eq19(f4, f4, v, Rotation<double>{&table2, rope::Style::rotate_half});
             }).find("feature_rotation.rotary_dim must be the feature dimension m = 4"),
             std::string::npos);
   EXPECT_NE(message([&] {
@@ -478,8 +484,11 @@ TEST(Linear, BadInputThrows) {
             }).find("feature_rotation.table must be non-null, got null"),
             std::string::npos);
   LinearOptions o;
+  o.mask.causal = false;
   o.q_positions = {0, 1, 2, 8};
-  EXPECT_NE(message([&] { linear_eq19(f4, f4, v, Rotation<double>{&table4}, o); })
+  EXPECT_NE(message([&] {
+              linear_eq19(f4, f4, v, Rotation<double>{&table4, rope::Style::rotate_half}, o);
+            })
                 .find("out_of_range: rope::attention::linear_eq19: options.q_positions[3] must be in the table's "
                       "positions [0, 8), got 8"),
             std::string::npos);
@@ -487,7 +496,7 @@ TEST(Linear, BadInputThrows) {
   o.chunk = 0;
   EXPECT_NE(message([&] { linear(f4, f4, v, o); }).find("options.chunk must be at least 1, got 0"), std::string::npos);
   o = {};
-  o.causal = true;  // causal by position: 4 queries may see 3 keys
+  o.mask.causal = true;  // causal by position: 4 queries may see 3 keys
   EXPECT_EQ(message([&] { linear(f4, Matrix<double>(f4.topRows(3)), Matrix<double>(v.topRows(3)), o); }),
             "no exception");
   EXPECT_NE(message([&] { linear(f4, f3, v); }).find("k.cols() must be q.cols() = 4, got 3"), std::string::npos);
@@ -545,7 +554,7 @@ TYPED_TEST(LinearHeads, LinearHeadsEqualOneHeadCalls) {
   const auto& [table, feature_table, q, k, v, phi] = c;
   for (const bool causal : {false, true}) {
     ra::LinearOptions o;
-    o.causal = causal;
+    o.mask.causal = causal;
     o.chunk = 5;
     o.q_positions = o.k_positions = at::random_positions(c.l, 64, 54);
     Heads<T> pre(c.l, c.hq, c.dv, 0), eq19(c.l, c.hq, c.dv, 0);
@@ -570,7 +579,7 @@ TYPED_TEST(LinearHeads, LinearChunkedPrefillThenDecodeEqualsOneShot) {
   const LinearCase<T> c(61);
   for (const bool eq19 : {true, false}) {
     ra::LinearOptions o;
-    o.causal = true;
+    o.mask.causal = true;
     o.chunk = 4;
     const auto call = [&](std::size_t t, std::size_t n, Heads<T>& out, std::vector<ra::LinearState<T>>* states) {
       ra::LinearOptions step = o;
@@ -611,7 +620,7 @@ TYPED_TEST(LinearHeads, LinearSequencesEqualSeparateCalls) {
   const std::size_t split = 9;
   for (const bool causal : {false, true}) {
     ra::LinearOptions packed;
-    packed.causal = causal;
+    packed.mask.causal = causal;
     packed.chunk = 4;
     for (std::size_t t = 0; t < c.l; ++t) {
       packed.q_sequence.push_back(t < split ? 0 : 1);
@@ -622,7 +631,7 @@ TYPED_TEST(LinearHeads, LinearSequencesEqualSeparateCalls) {
     Heads<T> together(c.l, c.hq, c.dv, 0), apart(c.l, c.hq, c.dv, 0);
     ra::linear<T>(q.view(), k.view(), v.view(), together.view(), phi, packed);
     ra::LinearOptions alone;
-    alone.causal = causal;
+    alone.mask.causal = causal;
     alone.chunk = 4;
     for (const auto& [t0, n] : {std::pair<std::size_t, std::size_t>{0, split}, {split, c.l - split}}) {
       ra::linear<T>(q.view().slice_tokens(t0, n), k.view().slice_tokens(t0, n), v.view().slice_tokens(t0, n),
@@ -648,8 +657,9 @@ TEST(LinearErrors, LinearStatesAreChecked) {
   };
   std::vector<ra::LinearState<double>> states;
   ra::LinearOptions o;
-  EXPECT_NE(message(o, &states).find("states must be null unless options.causal"), std::string::npos);
-  o.causal = true;
+  o.mask.causal = false;
+  EXPECT_NE(message(o, &states).find("states must be null unless options.mask.causal"), std::string::npos);
+  o.mask.causal = true;
   std::vector<ra::LinearState<double>> three(3, ra::LinearState<double>(c.m, c.dv));
   EXPECT_NE(message(o, &three).find("states->size() must be 0 or k.heads = 2, got 3"), std::string::npos);
   std::vector<ra::LinearState<double>> narrow(2, ra::LinearState<double>(c.m / 2, c.dv));
@@ -688,7 +698,7 @@ TEST(LinearErrors, RefusedCallsLeaveTheStatesAsTheyWere) {
   const LinearCase<double> c(93);
   const std::size_t first = 9, next = 5;
   ra::LinearOptions o;
-  o.causal = true;
+  o.mask.causal = true;
   o.chunk = 4;
   const Rotation<double> rotation{&c.table, Style::rotate_half};
   const auto call = [&](std::size_t t, std::size_t n, Heads<double>& out, std::vector<ra::LinearState<double>>* states,
@@ -787,10 +797,10 @@ TEST(LinearEdges, Eq19DividesTheFeatureTablesAttentionFactorOut) {
   const Matrix<double> v = at::random_matrix<double>(l, dv, 14);
   for (const bool causal : {false, true}) {
     ra::LinearOptions o;
-    o.causal = causal;
+    o.mask.causal = causal;
     o.q_positions = o.k_positions = at::random_positions(l, 32, 15);
-    const Matrix<double> a = ra::linear_eq19(fq, fk, v, Rotation<double>{&unit}, o);
-    const Matrix<double> b = ra::linear_eq19(fq, fk, v, Rotation<double>{&scaled}, o);
+    const Matrix<double> a = ra::linear_eq19(fq, fk, v, Rotation<double>{&unit, rope::Style::rotate_half}, o);
+    const Matrix<double> b = ra::linear_eq19(fq, fk, v, Rotation<double>{&scaled, rope::Style::rotate_half}, o);
     EXPECT_LE(at::relative_error(b, a), 1e-13) << "causal " << causal;
   }
 }
@@ -804,7 +814,7 @@ TEST(LinearEdges, CausalLinearMasksByPositionNotRowOrder) {
   const Matrix<double> fk = ra::elu_plus_one(at::random_matrix<double>(l, m, 17));
   const Matrix<double> v = at::random_matrix<double>(l, dv, 18);
   ra::LinearOptions o;
-  o.causal = true;
+  o.mask.causal = true;
   o.chunk = 2;
   o.q_positions = {5, 0, 3, 3, 1, 4};
   o.k_positions = {5, 0, 3, 3, 1, 4};
@@ -817,6 +827,7 @@ TEST(LinearEdges, CausalLinearMasksByPositionNotRowOrder) {
   EXPECT_GT(at::relative_error(got, index_order), 1e-3);  // the two masks differ here
   // Row 0 (position 5) sees all six keys: the non-causal result.
   ra::LinearOptions all;
+  all.mask.causal = false;
   EXPECT_LE(at::relative_error(got.row(0), Matrix<double>(ra::linear(fq, fk, v, all).row(0))), 1e-12);
 }
 

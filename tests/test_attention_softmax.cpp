@@ -52,7 +52,7 @@ TYPED_TEST(SoftmaxTyped, MatchesNaiveRelativeScoresForEveryBlock) {
   for (const Style style : kStyles) {
     for (const bool causal : {false, true}) {
       SoftmaxOptions o;
-      o.causal = causal;
+      o.mask.causal = causal;
       o.q_positions = at::random_positions(lq, 200, 4);
       o.k_positions = at::random_positions(lk, 200, 5);
       const auto want = at::naive_softmax(at::to_ld(q), at::to_ld(k), at::to_ld(v), freqs.inv_freq, style,
@@ -90,9 +90,9 @@ TYPED_TEST(SoftmaxTyped, MaskedTilesOfManyRowsMatchTheOracle) {
         [&](std::size_t i, std::size_t j) { return j <= i && (window == 0 || i - j < window); });
   };
   SoftmaxOptions o;
-  o.causal = true;
+  o.mask.causal = true;
   for (const std::size_t window : {std::size_t{0}, std::size_t{40}}) {
-    o.window = window;
+    o.mask.window = window;
     const auto want = oracle(window);
     for (const std::size_t block : {std::size_t{256}, std::size_t{160}}) {
       o.block = block;
@@ -102,7 +102,7 @@ TYPED_TEST(SoftmaxTyped, MaskedTilesOfManyRowsMatchTheOracle) {
   }
   constexpr std::size_t bad = 150, channel = 1;
   v(bad, channel) = std::numeric_limits<T>::quiet_NaN();
-  o.window = 0;
+  o.mask.window = 0;
   const auto want = oracle(0);
   for (const std::size_t block : {std::size_t{256}, std::size_t{160}}) {
     o.block = block;
@@ -130,8 +130,8 @@ TYPED_TEST(SoftmaxTyped, DefaultPositionsAndSetScale) {
   const Matrix<T> q = at::random_matrix<T>(l, d, 11), k = at::random_matrix<T>(l, d, 12);
   const Matrix<T> v = at::random_matrix<T>(l, dv, 13);
   SoftmaxOptions o;
-  o.causal = true;
-  o.scale = 0.3;
+  o.mask.causal = true;
+  o.logits.scale = 0.3;
   o.block = 16;
   const auto pos = at::iota_positions(l);
   const auto want = at::naive_softmax(at::to_ld(q), at::to_ld(k), at::to_ld(v), freqs.inv_freq, Style::rotate_half, pos,
@@ -151,7 +151,7 @@ TEST(Softmax, SortedPositionsWithRepeats) {
   const Matrix<double> q = at::random_matrix<double>(l, d, 71), k = at::random_matrix<double>(l, d, 72);
   const Matrix<double> v = at::random_matrix<double>(l, 4, 73);
   SoftmaxOptions o;
-  o.causal = true;
+  o.mask.causal = true;
   for (std::size_t i = 0; i < l; ++i) o.k_positions.push_back(static_cast<std::int64_t>(i / 3));
   for (std::size_t i = 0; i < l; ++i) o.q_positions.push_back(static_cast<std::int64_t>(i / 2));
   const auto want = at::naive_softmax(at::to_ld(q), at::to_ld(k), at::to_ld(v), freqs.inv_freq, Style::rotate_half,
@@ -171,6 +171,7 @@ TEST(Softmax, PartialRotary) {
   const Matrix<double> q = at::random_matrix<double>(l, d, 21), k = at::random_matrix<double>(l, d, 22);
   const Matrix<double> v = at::random_matrix<double>(l, 5, 23);
   SoftmaxOptions o;
+  o.mask.causal = false;
   o.block = 6;
   const auto pos = at::iota_positions(l);
   // The first r/2 pairs of the table over r channels: the same thetas as
@@ -192,7 +193,7 @@ TEST(Softmax, WithoutRopeAndColumnMajorInput) {
   const auto want = at::naive_softmax(at::to_ld(q), at::to_ld(k), at::to_ld(v), {}, Style::rotate_half, pos, pos,
                                       1.0L / std::sqrt(at::LD(d)), true);
   SoftmaxOptions o;
-  o.causal = true;
+  o.mask.causal = true;
   o.block = 10;
   EXPECT_LE(at::relative_error(rope::attention::softmax(q_col, k, v, {}, o), want), 1e-12);
 }
@@ -202,7 +203,7 @@ TEST(Softmax, QueryWithNoVisibleKeyGivesZeros) {
   const Matrix<double> q = at::random_matrix<double>(3, 4, 41), k = at::random_matrix<double>(4, 4, 42);
   const Matrix<double> v = at::random_matrix<double>(4, 2, 43);
   SoftmaxOptions o;
-  o.causal = true;
+  o.mask.causal = true;
   o.q_positions = {0, 5, 1};
   o.k_positions = {2, 3, 4, 5};
   o.block = 2;
@@ -223,7 +224,7 @@ TEST(Softmax, GroupedQueryViews) {
   const Matrix<float> v = at::random_matrix<float>(l, hk * dv, 53);
   Matrix<float> out = Matrix<float>::Constant(static_cast<Eigen::Index>(l), static_cast<Eigen::Index>(hq * dv), -7.0f);
   SoftmaxOptions o;
-  o.causal = true;
+  o.mask.causal = true;
   o.block = 5;
   const Rotation<float> rope{&table, Style::rotate_half};
   rope::attention::softmax<float>(rope::View<const float>::token_major(q.data(), l, hq, d),
@@ -263,11 +264,12 @@ TEST(Softmax, BadInputThrowsAndWritesNothing) {
       message([&] { softmax(q, k, Matrix<double>(v.topRows(4)), rope); }).find("v.rows() must be k.rows() = 5, got 4"),
       std::string::npos);
   SoftmaxOptions o;
+  o.mask.causal = false;
   o.block = 0;
   EXPECT_NE(message([&] { softmax(q, k, v, rope, o); }).find("options.block"), std::string::npos);
   o = {};
-  o.scale = std::nan("");
-  EXPECT_NE(message([&] { softmax(q, k, v, rope, o); }).find("options.scale"), std::string::npos);
+  o.logits.scale = std::nan("");
+  EXPECT_NE(message([&] { softmax(q, k, v, rope, o); }).find("options.logits.scale"), std::string::npos);
   o = {};
   o.k_positions = {0, 1, 2};
   EXPECT_NE(message([&] {
@@ -289,6 +291,7 @@ TEST(Softmax, BadInputThrowsAndWritesNothing) {
   std::vector<double> qb(4 * 2 * 8, 0.5), kb(5 * 1 * 8, 0.25), vb(5 * 3, 1.0), ob(4 * 2 * 3, -3.0);
   const auto untouched = ob;
   SoftmaxOptions bad;
+  bad.mask.causal = false;
   bad.q_positions = {0, 1, 2, 99};
   EXPECT_NE(message([&] {
               softmax<double>(rope::View<const double>::token_major(qb.data(), 4, 2, 8),
@@ -317,7 +320,7 @@ TEST(Softmax, BadInputThrowsAndWritesNothing) {
 
 }  // namespace
 
-// ---- masks by position, decoding against a KV cache, softmax_step
+// ---- masks by position, decoding against a cache of rotated keys
 namespace {
 namespace decode {
 
@@ -389,8 +392,8 @@ TYPED_TEST(SoftmaxDecode, SoftmaxMasksMatchNaive) {
     for (const bool causal : {false, true}) {
       for (const std::size_t window : {std::size_t{0}, std::size_t{1}, std::size_t{5}}) {
         ra::SoftmaxOptions o;
-        o.causal = causal;
-        o.window = window;
+        o.mask.causal = causal;
+        o.mask.window = window;
         o.q_positions = o.k_positions = ps;
         o.q_sequence = o.k_sequence = ss;
         const auto visible = [&](std::size_t i, std::size_t j) {
@@ -428,7 +431,7 @@ TYPED_TEST(SoftmaxDecode, DecodeAgainstRotatedCacheEqualsPrefillRows) {
   for (const Style style : {Style::rotate_half, Style::block_diagonal}) {
     const Rotation<T> rotation{&table, style};
     ra::SoftmaxOptions o;
-    o.causal = true;
+    o.mask.causal = true;
     o.block = 8;
     std::vector<at::Mat> want(hq);
     for (std::size_t h = 0; h < hq; ++h) {
@@ -439,7 +442,7 @@ TYPED_TEST(SoftmaxDecode, DecodeAgainstRotatedCacheEqualsPrefillRows) {
     rope::apply<T>(k.view(), cache.view(), table, style, 0);
     for (std::size_t t = 0; t < l; ++t) {
       ra::SoftmaxOptions step;
-      step.causal = true;
+      step.mask.causal = true;
       step.keys_rotated = true;
       step.q_offset = static_cast<std::int64_t>(t);
       const auto q_t = q.view().slice_tokens(t, 1);
@@ -457,83 +460,6 @@ TYPED_TEST(SoftmaxDecode, DecodeAgainstRotatedCacheEqualsPrefillRows) {
   }
 }
 
-// softmax_step: a prefill in chunks, then one token at a time, fills the
-// cache with exactly rope::apply's rotated keys and gives the rows of the
-// one-shot causal call.
-TYPED_TEST(SoftmaxDecode, SoftmaxStepsEqualOneShot) {
-  using T = TypeParam;
-  const std::size_t l = 26, hq = 4, hk = 1, d = 16, dv = 4;
-  const rope::Table<T> table(rope::frequencies(d, 10000.0), 64);
-  const Rotation<T> rotation{&table, Style::rotate_half};
-  const Heads<T> q(l, hq, d, 21), k(l, hk, d, 22), v(l, hk, dv, 23);
-  ra::SoftmaxOptions o;
-  o.causal = true;
-  o.block = 16;
-
-  Heads<T> k_cache = Heads<T>::filled(l + 3, hk, d, T(0)), v_cache = Heads<T>::filled(l + 3, hk, dv, T(0));
-  ra::KvCache<T> cache{k_cache.view(), v_cache.view(), 0};
-  Heads<T> out(l, hq, dv, 0);
-  const std::size_t chunks[] = {10, 7, 1, 1, 1, 1, 1, 1, 1, 1, 1};
-  std::size_t t = 0;
-  for (const std::size_t n : chunks) {
-    ra::softmax_step<T>(q.view().slice_tokens(t, n), k.view().slice_tokens(t, n), v.view().slice_tokens(t, n), cache,
-                        out.view().slice_tokens(t, n), rotation, o);
-    t += n;
-    EXPECT_EQ(cache.length, t);
-  }
-  ASSERT_EQ(t, l);
-  for (std::size_t h = 0; h < hq; ++h) {
-    const at::Mat want = oracle_head(q, k, v, h, hq / hk, rope::frequencies(d, 10000.0), Style::rotate_half,
-                                     at::iota_positions(l), at::iota_positions(l));
-    EXPECT_LE(head_error(out, h, want), tolerance<T>()) << "head " << h;
-  }
-  Heads<T> rotated(l, hk, d, 0);
-  rope::apply<T>(k.view(), rotated.view(), table, Style::rotate_half, 0);
-  EXPECT_EQ(std::memcmp(k_cache.data.data(), rotated.data.data(), rotated.data.size() * sizeof(T)), 0);
-  EXPECT_EQ(std::memcmp(v_cache.data.data(), v.data.data(), v.data.size() * sizeof(T)), 0);
-  // The three spare slots are untouched.
-  for (std::size_t i = l * hk * d; i < k_cache.data.size(); ++i) EXPECT_EQ(k_cache.data[i], T(0));
-
-  // A full cache refuses a step and writes nothing.
-  const auto before = k_cache.data;
-  ra::KvCache<T> full_cache{k_cache.view(), v_cache.view(), l + 3};
-  EXPECT_THROW(ra::softmax_step<T>(q.view().slice_tokens(0, 1), k.view().slice_tokens(0, 1),
-                                   v.view().slice_tokens(0, 1), full_cache, out.view().slice_tokens(0, 1), rotation, o),
-               std::invalid_argument);
-  EXPECT_TRUE(at::same_bytes(before, k_cache.data));
-}
-
-// softmax_step with positions given for the new tokens (a gap after the
-// prompt) and with the cache starting at k_offset: the same as one call
-// with those positions.
-TYPED_TEST(SoftmaxDecode, SoftmaxStepsWithGivenPositions) {
-  using T = TypeParam;
-  const std::size_t l = 12, hq = 2, hk = 1, d = 8, dv = 4, prompt = 9;
-  const rope::Table<T> table(rope::frequencies(d, 10000.0), 64);
-  const Rotation<T> rotation{&table, Style::block_diagonal};
-  const Heads<T> q(l, hq, d, 24), k(l, hk, d, 25), v(l, hk, dv, 26);
-  std::vector<std::int64_t> positions(l);
-  for (std::size_t t = 0; t < l; ++t) positions[t] = static_cast<std::int64_t>(t < prompt ? 3 + t : 30 + t);
-
-  Heads<T> k_cache(l, hk, d, 0), v_cache(l, hk, dv, 0), out(l, hq, dv, 0);
-  ra::KvCache<T> cache{k_cache.view(), v_cache.view(), 0};
-  ra::SoftmaxOptions step;
-  step.causal = true;
-  step.k_offset = 3;  // the prompt's positions 3 .. 11, from the offset
-  ra::softmax_step<T>(q.view().slice_tokens(0, prompt), k.view().slice_tokens(0, prompt),
-                      v.view().slice_tokens(0, prompt), cache, out.view().slice_tokens(0, prompt), rotation, step);
-  for (std::size_t t = prompt; t < l; ++t) {
-    step.q_positions = {positions[t]};  // past a gap: given
-    ra::softmax_step<T>(q.view().slice_tokens(t, 1), k.view().slice_tokens(t, 1), v.view().slice_tokens(t, 1), cache,
-                        out.view().slice_tokens(t, 1), rotation, step);
-  }
-  for (std::size_t h = 0; h < hq; ++h) {
-    const at::Mat want =
-        oracle_head(q, k, v, h, hq / hk, rope::frequencies(d, 10000.0), Style::block_diagonal, positions, positions);
-    EXPECT_LE(head_error(out, h, want), tolerance<T>()) << "head " << h;
-  }
-}
-
 // K given already rotated equals K rotated inside.
 TYPED_TEST(SoftmaxDecode, KeysRotatedEqualsRotatingInside) {
   using T = TypeParam;
@@ -543,7 +469,7 @@ TYPED_TEST(SoftmaxDecode, KeysRotatedEqualsRotatingInside) {
   Heads<T> rotated(l, hk, d, 0);
   rope::apply<T>(k.view(), rotated.view(), table, Style::rotate_half, 0);
   ra::SoftmaxOptions o;
-  o.causal = true;
+  o.mask.causal = true;
   Heads<T> a(l, hq, dv, 0), b(l, hq, dv, 0);
   ra::softmax<T>(q.view(), k.view(), v.view(), a.view(), {&table, Style::rotate_half}, o);
   o.keys_rotated = true;
@@ -597,12 +523,12 @@ TEST(SoftmaxEdges, HugeBlocksAndChunksAreOneBlock) {
   const Matrix<double> v = at::random_matrix<double>(l, dv, 24);
   for (const std::size_t huge : {std::size_t{1} << 63, std::numeric_limits<std::size_t>::max()}) {
     ra::SoftmaxOptions so, so_l;
-    so.causal = so_l.causal = true;
+    so.mask.causal = so_l.mask.causal = true;
     so.block = huge;
     so_l.block = l;
     EXPECT_LE(at::relative_error(ra::softmax(q, k, v, {}, so), ra::softmax(q, k, v, {}, so_l)), 1e-15);
     ra::LinearOptions lo, lo_l;
-    lo.causal = lo_l.causal = true;
+    lo.mask.causal = lo_l.mask.causal = true;
     lo.chunk = huge;
     lo_l.chunk = l;
     const Matrix<double> fq = ra::elu_plus_one(q), fk = ra::elu_plus_one(k);
@@ -613,113 +539,6 @@ TEST(SoftmaxEdges, HugeBlocksAndChunksAreOneBlock) {
 }
 
 }  // namespace edges
-}  // namespace
-
-// ---- softmax_step's refusals: each names its argument and leaves the cache,
-// its length and the output exactly as they were.
-namespace {
-namespace step_errors {
-namespace ra = rope::attention;
-using attention_test::Heads;
-using rope::Style;
-
-struct StepCase {
-  static constexpr std::size_t capacity = 12, length = 5, n = 2, hq = 4, hk = 2, d = 8, dv = 4;
-  rope::Table<float> table{rope::frequencies(d), 16};
-  Heads<float> q{n, hq, d, 1}, k_new{n, hk, d, 2}, v_new{n, hk, dv, 3};
-  Heads<float> k_cache{capacity, hk, d, 4}, v_cache{capacity, hk, dv, 5};
-  Heads<float> out = Heads<float>::filled(n, hq, dv, -7.0f);
-  ra::KvCache<float> cache{k_cache.view(), v_cache.view(), length};
-  ra::Rotation<float> rotation{&table, Style::rotate_half};
-
-  // The step's message, after checking that nothing was written.
-  std::string refused(const rope::View<const float>& q_view, const rope::View<const float>& k_view,
-                      const rope::View<const float>& v_view, ra::KvCache<float>& c, const rope::View<float>& o_view,
-                      const ra::SoftmaxOptions& o) {
-    const auto k_before = k_cache.data, v_before = v_cache.data, out_before = out.data;
-    const std::size_t length_before = c.length;
-    const std::string msg =
-        rope_test::thrown_message([&] { ra::softmax_step<float>(q_view, k_view, v_view, c, o_view, rotation, o); });
-    EXPECT_TRUE(attention_test::same_bytes(k_before, k_cache.data)) << msg;
-    EXPECT_TRUE(attention_test::same_bytes(v_before, v_cache.data)) << msg;
-    EXPECT_TRUE(attention_test::same_bytes(out_before, out.data)) << msg;
-    EXPECT_EQ(c.length, length_before) << msg;
-    return msg;
-  }
-  std::string refused(const ra::SoftmaxOptions& o) {
-    return refused(q.view(), k_new.view(), v_new.view(), cache, out.view(), o);
-  }
-};
-
-void expect_starts(const std::string& msg, const std::string& start) {
-  EXPECT_EQ(msg.compare(0, start.size(), start), 0) << msg;
-}
-
-TEST(SoftmaxStepErrors, ViewsThatOverlapTheCacheOrTheOutput) {
-  StepCase c;
-  const std::string fn = "rope::attention::softmax_step: ";
-  // q, k_new, v_new inside the cache's bytes; out inside k_new's.
-  const rope::View<const float> q_in_cache(c.k_cache.data.data(), c.n, c.hq, c.d, c.hq * c.d, c.d);
-  const rope::View<float> k_cache_all = c.cache.k;
-  const rope::View<float> v_cache_all = c.cache.v;
-  expect_starts(c.refused(q_in_cache, c.k_new.view(), c.v_new.view(), c.cache, c.out.view(), {}),
-                fn + "cache.k must be disjoint from q");
-  expect_starts(
-      c.refused(c.q.view(), k_cache_all.slice_tokens(c.length, c.n), c.v_new.view(), c.cache, c.out.view(), {}),
-      fn + "cache.k must be disjoint from k_new");
-  expect_starts(c.refused(c.q.view(), c.k_new.view(), v_cache_all.slice_tokens(0, c.n), c.cache, c.out.view(), {}),
-                fn + "cache.v must be disjoint from v_new");
-  const rope::View<float> out_in_cache(c.v_cache.data.data(), c.n, c.hq, c.dv, c.hq * c.dv, c.dv);
-  expect_starts(c.refused(c.q.view(), c.k_new.view(), c.v_new.view(), c.cache, out_in_cache, {}),
-                fn + "out must be disjoint from");
-  ra::KvCache<float> shared{
-      c.cache.k, rope::View<float>(c.k_cache.data.data(), c.capacity, c.hk, c.dv, c.hk * c.d, c.d), c.length};
-  expect_starts(c.refused(c.q.view(), c.k_new.view(), c.v_new.view(), shared, c.out.view(), {}),
-                fn + "cache.k must be disjoint from cache.v");
-}
-
-TEST(SoftmaxStepErrors, ShapesThatDoNotFitTheCache) {
-  StepCase c;
-  const std::string fn = "rope::attention::softmax_step: ";
-  Heads<float> k3(c.n, 3, c.d, 6), k_wide(c.n, c.hk, c.d + 2, 7), v_wide(c.n, c.hk, c.dv + 1, 8), q1(1, c.hq, c.d, 9);
-  expect_starts(c.refused(c.q.view(), k3.view(), c.v_new.view(), c.cache, c.out.view(), {}),
-                fn + "k_new.heads must be cache.k.heads = 2, got 3");
-  expect_starts(c.refused(c.q.view(), k_wide.view(), c.v_new.view(), c.cache, c.out.view(), {}),
-                fn + "k_new.head_dim must be cache.k.head_dim = 8, got 10");
-  expect_starts(c.refused(c.q.view(), c.k_new.view(), v_wide.view(), c.cache, c.out.view(), {}),
-                fn + "v_new.head_dim must be cache.v.head_dim = 4, got 5");
-  expect_starts(c.refused(q1.view(), c.k_new.view(), c.v_new.view(), c.cache, c.out.view(), {}),
-                fn + "q.tokens must be k_new.tokens = 2, got 1");
-  c.cache.length = c.capacity - 1;
-  expect_starts(c.refused({}), fn + "k_new.tokens must be <= the cache's free tokens 1, got 2");
-  c.cache.length = c.capacity + 1;
-  expect_starts(c.refused({}), fn + "cache.length must be <= cache.k.tokens = 12, got 13");
-}
-
-TEST(SoftmaxStepErrors, PositionsOutsideTheTableOrInt64) {
-  StepCase c;
-  const std::string fn = "rope::attention::softmax_step: ";
-  ra::SoftmaxOptions o;
-  o.k_offset = 10;  // the new tokens at 15 and 16; the table has 16 rows
-  const std::string msg = c.refused(o);
-  expect_starts(msg, "out_of_range: " + fn +
-                         "options.k_offset + cache.length + 1 (the position of token 1) must be "
-                         "in the table's positions [0, 16), got 16");
-  o.k_offset = std::numeric_limits<std::int64_t>::max() - 3;
-  expect_starts(c.refused(o), fn + "options.k_offset must be small enough for every position to fit in int64");
-  ra::SoftmaxOptions given;
-  given.q_positions = {3, 16};
-  expect_starts(c.refused(given), "out_of_range: " + fn + "options.q_positions[1] must be in the table's positions");
-  ra::SoftmaxOptions keys;
-  keys.k_positions = {0, 1, 2, 3, 4, 5, 99};
-  expect_starts(c.refused(keys), "out_of_range: " + fn +
-                                     "options.k_positions[6] must be in the table's positions "
-                                     "[0, 16), got 99");
-  keys.k_positions.pop_back();
-  expect_starts(c.refused(keys), fn + "options.k_positions.size() must be 0 or the number of rows 7, got 6");
-}
-
-}  // namespace step_errors
 }  // namespace
 
 // ---- logit softcap and attention sinks: s = scale q.k, then the cap, then
@@ -760,12 +579,12 @@ TYPED_TEST(SoftmaxLogits, OneHeadMatchesOracleForEveryBlock) {
   const Case cases[] = {{2.0, {}}, {{}, {1.5}}, {2.0, {0.5}}, {30.0, {-3.0}}, {2.0, {-HUGE_VAL}}};
   for (const Case& c : cases) {
     ra::SoftmaxOptions o;
-    o.causal = true;
-    o.window = 60;
+    o.mask.causal = true;
+    o.mask.window = 60;
     o.q_positions = at::random_positions(lq, 200, 74);
     o.k_positions = at::random_positions(lk, 200, 75);
-    o.softcap = c.softcap;
-    o.sinks = c.sinks;
+    o.logits.softcap = c.softcap;
+    o.logits.sinks = c.sinks;
     const at::Logits logits{c.softcap ? at::LD(*c.softcap) : 0, c.sinks.empty() ? kNoSink : at::LD(c.sinks[0])};
     const auto visible = [&](std::size_t i, std::size_t j) {
       const std::int64_t pq = o.q_positions[i], pk = o.k_positions[j];
@@ -798,12 +617,12 @@ TYPED_TEST(SoftmaxLogits, GroupedViewsWithSequencesMatchOracle) {
     pos[t] = static_cast<std::int64_t>(t < 11 ? t : t - 11);
   }
   ra::SoftmaxOptions o;
-  o.causal = true;
-  o.window = 7;
+  o.mask.causal = true;
+  o.mask.window = 7;
   o.k_positions = pos;
   o.k_sequence = seq;
-  o.softcap = 2.5;
-  o.sinks = {0.5, -1.0, 2.0, -HUGE_VAL, 0.0, 1.0};
+  o.logits.softcap = 2.5;
+  o.logits.sinks = {0.5, -1.0, 2.0, -HUGE_VAL, 0.0, 1.0};
   for (const std::size_t tokens : {l, std::size_t{3}, std::size_t{1}}) {
     const std::size_t t0 = l - tokens;
     o.q_positions.assign(pos.begin() + static_cast<std::ptrdiff_t>(t0), pos.end());
@@ -819,7 +638,7 @@ TYPED_TEST(SoftmaxLogits, GroupedViewsWithSequencesMatchOracle) {
       Heads<T> out = Heads<T>::filled(tokens, hq, dv, T(-7));
       ra::softmax<T>(qs.view(), k.view(), v.view(), out.view(), Rotation<T>{&table, Style::block_diagonal}, o);
       for (std::size_t h = 0; h < hq; ++h) {
-        const at::Logits logits{2.5L, at::LD(o.sinks[h])};
+        const at::Logits logits{2.5L, at::LD(o.logits.sinks[h])};
         const auto want = at::naive_softmax_masked(qs.head_ld(h), k.head_ld(h / group), v.head_ld(h / group),
                                                    freqs.inv_freq, Style::block_diagonal, o.q_positions, pos,
                                                    1.0L / std::sqrt(at::LD(d)), visible, logits);
@@ -830,38 +649,6 @@ TYPED_TEST(SoftmaxLogits, GroupedViewsWithSequencesMatchOracle) {
   }
 }
 
-// softmax_step: a prefill chunk, then one token at a time, with sinks and a
-// softcap: each step's rows match the oracle over the cache so far.
-TYPED_TEST(SoftmaxLogits, SoftmaxStepMatchesOracle) {
-  using T = TypeParam;
-  const std::size_t l = 14, hq = 4, hk = 2, d = 8, dv = 4, group = hq / hk;
-  const auto freqs = rope::frequencies(d, 10000.0);
-  const rope::Table<T> table(freqs, 32);
-  const Rotation<T> rotation{&table, Style::rotate_half};
-  const Heads<T> q(l, hq, d, 91, 3.0), k(l, hk, d, 92), v(l, hk, dv, 93);
-  ra::SoftmaxOptions o;
-  o.causal = true;
-  o.softcap = 1.5;
-  o.sinks = {1.0, -0.5, 0.25, 3.0};
-  Heads<T> k_cache = Heads<T>::filled(l, hk, d, T(0)), v_cache = Heads<T>::filled(l, hk, dv, T(0));
-  ra::KvCache<T> cache{k_cache.view(), v_cache.view(), 0};
-  Heads<T> out = Heads<T>::filled(l, hq, dv, T(-7));
-  for (const std::size_t n : {std::size_t{9}, std::size_t{1}, std::size_t{1}, std::size_t{3}}) {
-    const std::size_t t = cache.length;
-    ra::softmax_step<T>(q.view().slice_tokens(t, n), k.view().slice_tokens(t, n), v.view().slice_tokens(t, n), cache,
-                        out.view().slice_tokens(t, n), rotation, o);
-  }
-  ASSERT_EQ(cache.length, l);
-  const auto p = at::iota_positions(l);
-  for (std::size_t h = 0; h < hq; ++h) {
-    const auto want = at::naive_softmax_masked(
-        q.head_ld(h), k.head_ld(h / group), v.head_ld(h / group), freqs.inv_freq, Style::rotate_half, p, p,
-        1.0L / std::sqrt(at::LD(d)), [](std::size_t i, std::size_t j) { return j <= i; },
-        at::Logits{1.5L, at::LD(o.sinks[h])});
-    EXPECT_LE(at::relative_error(out.head(h), want), at::exact_tolerance<T>()) << "head " << h;
-  }
-}
-
 // A query that sees no key gets zeros with a sink too (its numerator is
 // empty), in both paths; the others match the oracle.
 TEST(SoftmaxLogits, QueryThatSeesNothingWithSinkGivesZeros) {
@@ -869,10 +656,10 @@ TEST(SoftmaxLogits, QueryThatSeesNothingWithSinkGivesZeros) {
   const Matrix<double> q = at::random_matrix<double>(lq, d, 101), k = at::random_matrix<double>(lk, d, 102);
   const Matrix<double> v = at::random_matrix<double>(lk, dv, 103);
   ra::SoftmaxOptions o;
-  o.causal = true;
+  o.mask.causal = true;
   o.q_offset = -2;  // queries 0 and 1 sit before every key
-  o.sinks = {0.75};
-  o.softcap = 4.0;
+  o.logits.sinks = {0.75};
+  o.logits.softcap = 4.0;
   const auto want = at::naive_softmax_masked(
       at::to_ld(q), at::to_ld(k), at::to_ld(v), {}, Style::rotate_half, {}, {}, 1.0L / std::sqrt(at::LD(d)),
       [](std::size_t i, std::size_t j) { return j + 2 <= i; }, at::Logits{4.0L, 0.75L});
@@ -897,8 +684,8 @@ TEST(SoftmaxLogits, SoftcapComesBeforeTheMask) {
   const Matrix<double> v = at::random_matrix<double>(l, dv, 113);
   k.row(l - 1) = 1e6 * q.row(0);  // the last key: huge scores, seen by the last query only
   ra::SoftmaxOptions o;
-  o.causal = true;
-  o.softcap = 1.0;
+  o.mask.causal = true;
+  o.logits.softcap = 1.0;
   const auto causal = [](std::size_t i, std::size_t j) { return j <= i; };
   const at::LD scale = 0.5L;
   const auto want = at::naive_softmax_masked(at::to_ld(q), at::to_ld(k), at::to_ld(v), {}, Style::rotate_half, {}, {},
@@ -922,7 +709,7 @@ TEST(SoftmaxLogits, SoftcapComesBeforeTheMask) {
   EXPECT_GT(at::relative_error(rope::attention::Matrix<double>(ra::softmax(q, k, v, {}, o)), wrong), 0.01);
   for (const std::size_t block : {std::size_t{1}, std::size_t{3}, std::size_t{16}}) {
     o.block = block;
-    o.scale = 0.5;
+    o.logits.scale = 0.5;
     EXPECT_LE(at::relative_error(ra::softmax(q, k, v, {}, o), want), at::exact_tolerance<double>()) << block;
   }
 }
@@ -935,9 +722,9 @@ TEST(SoftmaxLogits, NanKeyReachesOnlyTheQueriesThatSeeIt) {
   const Matrix<float> v = at::random_matrix<float>(l, dv, 123);
   k(l - 1, 2) = std::numeric_limits<float>::quiet_NaN();
   ra::SoftmaxOptions o;
-  o.causal = true;
-  o.softcap = 3.0;
-  o.sinks = {0.5};
+  o.mask.causal = true;
+  o.logits.softcap = 3.0;
+  o.logits.sinks = {0.5};
   const auto want = at::naive_softmax_masked(
       at::to_ld(q), at::to_ld(k), at::to_ld(v), {}, Style::rotate_half, {}, {}, 1.0L / std::sqrt(at::LD(d)),
       [](std::size_t i, std::size_t j) { return j <= i && j + 1 < 20; }, at::Logits{3.0L, 0.5L});
@@ -963,47 +750,36 @@ TEST(SoftmaxLogits, BadSoftcapOrSinksAreRefusedAndWriteNothing) {
     return rope_test::thrown_message([&] { ra::softmax(q, k, v, {}, o); });
   };
   ra::SoftmaxOptions o;
+  o.mask.causal = false;
   for (const double bad : {0.0, -1.0, HUGE_VAL, std::nan("")}) {
-    o.softcap = bad;
-    EXPECT_EQ(matrix(o), fn + "options.softcap must be finite and > 0, got " + rope::detail::to_text(bad));
+    o.logits.softcap = bad;
+    EXPECT_EQ(matrix(o), fn + "options.logits.softcap must be finite and > 0, got " + rope::detail::to_text(bad));
   }
   o = {};
-  o.sinks = {0.0, 1.0};
-  EXPECT_EQ(matrix(o), fn + "options.sinks.size() must be 0 or the query heads 1, got 2");
-  o.sinks = {std::nan("")};
-  EXPECT_EQ(matrix(o), fn + "options.sinks[0] must be finite or -inf, got nan");
-  o.sinks = {HUGE_VAL};
-  EXPECT_EQ(matrix(o), fn + "options.sinks[0] must be finite or -inf, got inf");
+  o.logits.sinks = {0.0, 1.0};
+  EXPECT_EQ(matrix(o), fn + "options.logits.sinks.size() must be 0 or the query heads 1, got 2");
+  o.logits.sinks = {std::nan("")};
+  EXPECT_EQ(matrix(o), fn + "options.logits.sinks[0] must be finite or -inf, got nan");
+  o.logits.sinks = {HUGE_VAL};
+  EXPECT_EQ(matrix(o), fn + "options.logits.sinks[0] must be finite or -inf, got inf");
   // A sink beyond float's range rounds to +inf in float: refused there.
-  o.sinks = {1e300};
+  o.logits.sinks = {1e300};
   const Matrix<float> qf = q.cast<float>(), kf = k.cast<float>(), vf = v.cast<float>();
   EXPECT_EQ(rope_test::thrown_message([&] { ra::softmax(qf, kf, vf, {}, o); }),
-            fn + "options.sinks[0] must be finite or -inf, got 1e+300");
+            fn + "options.logits.sinks[0] must be finite or -inf, got 1e+300");
   EXPECT_EQ(matrix(o), "no exception");
 
   Heads<double> qh(l, hq, d, 134), kh(l, 1, d, 135), vh(l, 1, dv, 136);
   Heads<double> out = Heads<double>::filled(l, hq, dv, -5.0);
   const auto before = out.data;
   o = {};
-  o.sinks = {0.0};
+  o.logits.sinks = {0.0};
   const auto views = [&] {
     return rope_test::thrown_message([&] { ra::softmax<double>(qh.view(), kh.view(), vh.view(), out.view(), {}, o); });
   };
-  EXPECT_EQ(views(), fn + "options.sinks.size() must be 0 or the query heads 2, got 1");
-  o.sinks = {0.0, std::nan("")};
-  EXPECT_EQ(views(), fn + "options.sinks[1] must be finite or -inf, got nan");
-  EXPECT_TRUE(at::same_bytes(before, out.data));
-
-  Heads<double> k_cache = Heads<double>::filled(l, 1, d, 0.0), v_cache = Heads<double>::filled(l, 1, dv, 0.0);
-  const auto k_before = k_cache.data;
-  ra::KvCache<double> cache{k_cache.view(), v_cache.view(), 0};
-  o = {};
-  o.softcap = -2.0;
-  EXPECT_EQ(rope_test::thrown_message(
-                [&] { ra::softmax_step<double>(qh.view(), kh.view(), vh.view(), cache, out.view(), {}, o); }),
-            "rope::attention::softmax_step: options.softcap must be finite and > 0, got -2");
-  EXPECT_EQ(cache.length, 0u);
-  EXPECT_TRUE(at::same_bytes(k_before, k_cache.data));
+  EXPECT_EQ(views(), fn + "options.logits.sinks.size() must be 0 or the query heads 2, got 1");
+  o.logits.sinks = {0.0, std::nan("")};
+  EXPECT_EQ(views(), fn + "options.logits.sinks[1] must be finite or -inf, got nan");
   EXPECT_TRUE(at::same_bytes(before, out.data));
 }
 

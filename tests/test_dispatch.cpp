@@ -32,7 +32,7 @@
 //   - forcing while calls run (DispatchThreads, also under ThreadSanitizer):
 //     every call of rope::apply on threads of rope's own gives the bytes of
 //     one instruction set forced alone, never a mix of two;
-//   - batched attention's keys (kernels/kv_rows.hpp, attend_keys) go through
+//   - attention's decode loop (kernels/kv_decode.hpp, attend_keys) goes through
 //     the table too: for every instruction set this CPU runs, forced, over
 //     caches of float, bfloat16, float16 and int8, within float rounding of
 //     a double recomputation; forced to the baseline, the same bytes as this
@@ -54,6 +54,7 @@
 #include <utility>
 #include <vector>
 
+#include <rope/attention/dispatch_slots.hpp>
 #include <rope/dispatch.hpp>
 #include <rope/error.hpp>
 #include <rope/kernels/kv_rows.hpp>

@@ -1,4 +1,4 @@
-// Attention's SIMD rows (kernels/attention_rows.hpp) on each architecture of
+// Attention's SIMD rows (kernels/dense_dot.hpp, rms_norm.hpp, scores.hpp) on each architecture of
 // the build whose code differs (rope_test::DistinctArchs), each suite named by it, against their
 // scalar twins (reference.hpp) and long double:
 //   weighted_rows equals reference::weighted_rows bit for bit where the
@@ -24,7 +24,9 @@
 #include <string>
 #include <vector>
 
-#include <rope/kernels.hpp>
+#include <rope/kernels/dense_dot.hpp>
+#include <rope/kernels/rms_norm.hpp>
+#include <rope/kernels/scores.hpp>
 #include <rope/reference.hpp>
 
 #include "archs.hpp"
