@@ -49,7 +49,7 @@ void batch_dispatch_case(benchmark::State& state, std::vector<std::int64_t> leng
   BatchCase<E>& c = caches.get(Layout::paged);
   BatchCall<E> call(c, 1);
   const auto native = [&] {
-    rope_bench::native_softmax_batch(call.q, c.cache, call.batch, call.out, call.options, &call.workspace);
+    rope_bench::native_attend(call.plan, c.cache, call.q, call.out);
     benchmark::DoNotOptimize(c.out.data());
     benchmark::ClobberMemory();
   };

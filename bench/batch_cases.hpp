@@ -3,8 +3,8 @@
 // (built with the flags a user's program has, alone with rope::dispatch).
 // Everything here is in an anonymous namespace on purpose: each
 // translation unit compiles its own copy with its own flags, and
-// softmax_batch's Arch template argument (xsimd::default_arch) keeps the
-// two instantiations of the attention call apart.
+// attend's Arch template argument (xsimd::default_arch) keeps the two
+// instantiations of the attention call apart.
 #pragma once
 
 #include <benchmark/benchmark.h>
@@ -32,13 +32,12 @@
 
 namespace rope_bench {
 
-// softmax_batch as the -march=native build compiles it (bench_batch.cpp),
-// for the dispatched cases of baseline.cpp to be timed against (E: float,
+// attend as the -march=native build compiles it (bench_batch.cpp), for the
+// dispatched cases of baseline.cpp to be timed against (E: float,
 // BFloat16, int8).
 template <class E>
-void native_softmax_batch(const rope::View<const float>& q, const rope::attention::PagedCache<E>& cache,
-                          const rope::attention::Batch& batch, const rope::View<float>& out,
-                          const rope::attention::BatchOptions& options, rope::attention::BatchWorkspace* workspace);
+void native_attend(const rope::attention::Plan& plan, const rope::attention::PagedCache<E>& cache,
+                   const rope::View<const float>& q, const rope::View<float>& out);
 
 }  // namespace rope_bench
 
@@ -206,13 +205,14 @@ struct BatchCase : Held {
     out.resize(q.size());
   }
 
-  // Each sequence's rows written through write_slots, a chunk of tokens at a
-  // time, rounded into E as an engine's projection would store them.
+  // Each sequence's rows written through append (its K/V form), a chunk
+  // of tokens at a time as a chunked prefill would, rounded into E as an
+  // engine's projection would store them.
   void fill() {
     constexpr std::size_t kChunk = 512;
     std::vector<float> kn(kChunk * kKvHeads * kHeadDim), vn(kn.size());
-    std::vector<std::int64_t> slots(kChunk);
     Noise noise{12345};
+    ra::Plan plan;
     for (std::size_t b = 0; b < lengths.size(); ++b) {
       const std::size_t len = static_cast<std::size_t>(lengths[b]);
       for (std::size_t j0 = 0; j0 < len; j0 += kChunk) {
@@ -221,14 +221,12 @@ struct BatchCase : Held {
           kn[i] = noise();
           vn[i] = noise();
         }
-        for (std::size_t i = 0; i < count; ++i) {
-          const std::size_t j = j0 + i;
-          slots[i] = static_cast<std::int64_t>(
-              static_cast<std::size_t>(block_table[b * stride + j / page_size]) * page_size + j % page_size);
-        }
-        ra::write_slots(rope::View<const float>::token_major(kn.data(), count, kKvHeads, kHeadDim),
-                        rope::View<const float>::token_major(vn.data(), count, kKvHeads, kHeadDim), slots.data(),
-                        cache);
+        const std::int64_t starts[2] = {0, static_cast<std::int64_t>(count)};
+        const auto after = static_cast<std::int64_t>(j0 + count);
+        ra::plan(plan, ra::Shape::of(cache, kQHeads),
+                 ra::Batch{starts, &after, block_table.data() + b * stride, stride, 1});
+        ra::append(plan, cache, rope::View<const float>::token_major(kn.data(), count, kKvHeads, kHeadDim),
+                   rope::View<const float>::token_major(vn.data(), count, kKvHeads, kHeadDim));
       }
     }
   }
@@ -292,26 +290,24 @@ struct BatchCase : Held {
   }
 };
 
-// softmax_batch of this unit's build over a case's cache.
+// attend of this unit's build over a case's cache, the step planned once
+// (outside the timing, as an engine plans a step once for all its layers).
 template <class E>
 struct BatchCall {
   BatchCase<E>& c;
   rope::View<const float> q;
   rope::View<float> out;
-  ra::Batch batch;
-  ra::BatchOptions options;
-  ra::BatchWorkspace workspace;
+  ra::Plan plan;
 
   BatchCall(BatchCase<E>& held, std::size_t threads)
       : c(held),
         q(rope::View<const float>::token_major(held.q.data(), held.lengths.size(), kQHeads, kHeadDim)),
-        out(rope::View<float>::token_major(held.out.data(), held.lengths.size(), kQHeads, kHeadDim)),
-        batch(held.batch()) {
-    options.threads = threads;
-    (*this)();  // grows the workspace outside the timing
+        out(rope::View<float>::token_major(held.out.data(), held.lengths.size(), kQHeads, kHeadDim)) {
+    ra::plan(plan, ra::Shape::of(held.cache, kQHeads), held.batch(), threads);
+    (*this)();  // grows the plan's scratch outside the timing
   }
   void operator()() {
-    ra::softmax_batch(q, c.cache, batch, out, options, &workspace);
+    ra::attend(plan, c.cache, q, out);
     benchmark::DoNotOptimize(c.out.data());
     benchmark::ClobberMemory();
   }

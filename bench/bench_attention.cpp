@@ -9,8 +9,9 @@
 //                             [4L x L/2] x [L/2 x d]): the compute ceiling
 //   decode/softmax            one query token against a KV cache of 4096
 //                             rotated keys (keys_rotated), 32/8 heads, d = 128
-//   decode/softmax_step       the same through softmax_step: the new token's
-//                             K rotated and written into the cache first
+//   decode/softmax_step       the same step through the serving path over a
+//                             contiguous cache (plan, append, attend): the
+//                             new token's K rotated and written first
 //   decode/memcpy_kv          memcpy of the K and V cache bytes: the memory
 //                             limit a decode step is read against
 //   scaling/softmax/L<n>      causal softmax, 8 heads of d = 64
@@ -83,7 +84,7 @@ void prefill_softmax(benchmark::State& state, std::size_t threads) {
        v = random_tensor(l * kKvHeads * kHeadDim, 3);
   std::vector<float> out(q.size());
   ra::SoftmaxOptions o;
-  o.causal = true;
+  o.mask.causal = true;
   o.threads = threads;
   const ra::Rotation<float> rotation{&table, rope::Style::rotate_half};
   const auto run = [&] {
@@ -126,7 +127,7 @@ void set_cache_bytes(benchmark::State& state) {
 void decode_softmax(benchmark::State& state) {
   DecodeCase c;
   ra::SoftmaxOptions o;
-  o.causal = true;
+  o.mask.causal = true;
   o.keys_rotated = true;
   o.q_offset = kCache - 1;
   const ra::Rotation<float> rotation{&c.table, rope::Style::rotate_half};
@@ -140,18 +141,26 @@ void decode_softmax(benchmark::State& state) {
   set_cache_bytes(state);
 }
 
+// The decode step of one sequence over a contiguous cache through the
+// serving path (what softmax_step did in one call): the step planned, the
+// new token's K rotated and written into the cache and Q rotated (append),
+// then attend over the cache.
 void decode_softmax_step(benchmark::State& state) {
   DecodeCase c;
-  ra::SoftmaxOptions o;
-  o.causal = true;
-  const ra::Rotation<float> rotation{&c.table, rope::Style::rotate_half};
+  const ra::PagedCache<float> cache =
+      ra::PagedCache<float>::contiguous(rope::View<float>::token_major(c.k_cache.data(), kCache, kKvHeads, kHeadDim),
+                                        rope::View<float>::token_major(c.v_cache.data(), kCache, kKvHeads, kHeadDim));
+  ra::AppendOptions ao;
+  ao.rotation = {&c.table, rope::Style::rotate_half};
+  std::vector<float> q_rotated(c.q.size());
+  const auto q_out = rope::View<float>::token_major(q_rotated.data(), 1, kQHeads, kHeadDim);
+  ra::Plan plan;
   for (auto _ : state) {
-    ra::KvCache<float> cache{rope::View<float>::token_major(c.k_cache.data(), kCache, kKvHeads, kHeadDim),
-                             rope::View<float>::token_major(c.v_cache.data(), kCache, kKvHeads, kHeadDim), kCache - 1};
-    ra::softmax_step<float>(rope::View<const float>::token_major(c.q.data(), 1, kQHeads, kHeadDim),
-                            rope::View<const float>::token_major(c.k_new.data(), 1, kKvHeads, kHeadDim),
-                            rope::View<const float>::token_major(c.v_new.data(), 1, kKvHeads, kHeadDim), cache,
-                            rope::View<float>::token_major(c.out.data(), 1, kQHeads, kHeadDim), rotation, o);
+    ra::plan(plan, ra::Shape::of(cache, kQHeads), kCache - 1, 1);
+    ra::append(plan, cache, rope::View<const float>::token_major(c.q.data(), 1, kQHeads, kHeadDim),
+               rope::View<const float>::token_major(c.k_new.data(), 1, kKvHeads, kHeadDim),
+               rope::View<const float>::token_major(c.v_new.data(), 1, kKvHeads, kHeadDim), q_out, ao);
+    ra::attend(plan, cache, q_out, rope::View<float>::token_major(c.out.data(), 1, kQHeads, kHeadDim));
     benchmark::DoNotOptimize(c.out.data());
   }
   set_cache_bytes(state);
@@ -201,9 +210,9 @@ void sweep(benchmark::State& state, Sweep kind, std::size_t l) {
   fo.features = kFeatures;
   const ra::FavorFeatures phi(d, fo);
   ra::SoftmaxOptions so;
-  so.causal = true;
+  so.mask.causal = true;
   ra::LinearOptions lo;
-  lo.causal = true;
+  lo.mask.causal = true;
   for (auto _ : state) {
     switch (kind) {
       case Sweep::softmax: ra::softmax<float>(qv, kv, vv, ov, {&table, rope::Style::rotate_half}, so); break;

@@ -1,8 +1,9 @@
 // attention/batch_decode/... and attention/long_decode/...: a server's decode
-// step over a paged KV cache (rope/attention/batch.hpp), Llama-3-8B shape:
-// 32 query / 8 key-value heads, head_dim 128, q already rotated (no
-// rotation in the call), f32 q and out, one softmax_batch call per
-// iteration with a BatchWorkspace kept across iterations.
+// step over a paged KV cache (rope/attention/attend.hpp), Llama-3-8B shape:
+// 32 query / 8 key-value heads, head_dim 128, q already rotated (append
+// rotates it before attend), f32 q and out, one attend call per iteration
+// over the step's plan, made once outside the timing as an engine makes it
+// once per step for all of its layers.
 //
 //   batch_decode/<kv>/<layout>/T<n>  one new token for each of the 16
 //                                    sequences of kBatchLengths (32768 cached
@@ -105,22 +106,16 @@ const bool kRegistered = [] {
 namespace rope_bench {
 
 template <class E>
-void native_softmax_batch(const rope::View<const float>& q, const rope::attention::PagedCache<E>& cache,
-                          const rope::attention::Batch& batch, const rope::View<float>& out,
-                          const rope::attention::BatchOptions& options, rope::attention::BatchWorkspace* workspace) {
-  rope::attention::softmax_batch(q, cache, batch, out, options, workspace);
+void native_attend(const rope::attention::Plan& plan, const rope::attention::PagedCache<E>& cache,
+                   const rope::View<const float>& q, const rope::View<float>& out) {
+  rope::attention::attend(plan, cache, q, out);
 }
-template void native_softmax_batch<float>(const rope::View<const float>&, const rope::attention::PagedCache<float>&,
-                                          const rope::attention::Batch&, const rope::View<float>&,
-                                          const rope::attention::BatchOptions&, rope::attention::BatchWorkspace*);
-template void native_softmax_batch<rope::BFloat16>(const rope::View<const float>&,
-                                                   const rope::attention::PagedCache<rope::BFloat16>&,
-                                                   const rope::attention::Batch&, const rope::View<float>&,
-                                                   const rope::attention::BatchOptions&,
-                                                   rope::attention::BatchWorkspace*);
-template void native_softmax_batch<std::int8_t>(const rope::View<const float>&,
-                                                const rope::attention::PagedCache<std::int8_t>&,
-                                                const rope::attention::Batch&, const rope::View<float>&,
-                                                const rope::attention::BatchOptions&, rope::attention::BatchWorkspace*);
+template void native_attend<float>(const rope::attention::Plan&, const rope::attention::PagedCache<float>&,
+                                   const rope::View<const float>&, const rope::View<float>&);
+template void native_attend<rope::BFloat16>(const rope::attention::Plan&,
+                                            const rope::attention::PagedCache<rope::BFloat16>&,
+                                            const rope::View<const float>&, const rope::View<float>&);
+template void native_attend<std::int8_t>(const rope::attention::Plan&, const rope::attention::PagedCache<std::int8_t>&,
+                                         const rope::View<const float>&, const rope::View<float>&);
 
 }  // namespace rope_bench

@@ -4,13 +4,15 @@
 // 128], rotate_half over a table of 4096 positions, a paged cache of pages
 // of 16 tokens, Q rotated in place, 1 thread.
 //
-//   fused/qkv_norm_rope_append/<kv>/<shape>  one norm_rope_append call
+//   fused/qkv_norm_rope_append/<kv>/<shape>  one append call (the fused step:
+//                                            QK-norm, RoPE, the cache write)
 //   fused/unfused/<kv>/<shape>               the same work as separate calls,
 //                                            as written with rope without the
 //                                            fused call: an RMSNorm loop over
 //                                            the Q and K heads (in place),
-//                                            rope::apply_qk, then write_slots
-//                                            (no rotation) into the cache
+//                                            rope::apply_qk at the plan's
+//                                            positions, then append's K/V
+//                                            form (no rotation)
 //   fused/memcpy/<kv>/<shape>                a memcpy of the QKV input into a
 //                                            buffer of the same size: the
 //                                            floor of any pass over it
@@ -20,6 +22,8 @@
 //            2047 (128 pages in order)
 //   decode   16 tokens, one for each of 16 sequences, at positions that
 //            differ, each into a page of its own (pages far apart)
+// The step is planned once, outside the timing (an engine plans a step
+// once for all of its layers).
 //
 // Bytes processed: the QKV input bytes, the same for the three cases.
 #include <benchmark/benchmark.h>
@@ -57,7 +61,10 @@ struct FusedCase {
   std::size_t tokens;
   rope::Table<float> table;
   rope_bench::LineVector<float> qkv, copy, q_weight, k_weight;
-  std::vector<std::int64_t> slots, positions;
+  std::vector<std::int64_t> q_starts, lengths;
+  std::vector<std::int32_t> block_table;
+  std::size_t stride = 0;
+  ra::Plan plan;
   rope_bench::LineVector<E> k_pool, v_pool;
   rope_bench::LineVector<float> k_scales, v_scales;
   ra::PagedCache<E> cache;
@@ -83,18 +90,29 @@ struct FusedCase {
     std::fill(q_weight.begin(), q_weight.end(), 1.0625f);
     std::fill(k_weight.begin(), k_weight.end(), 0.9375f);
     std::size_t pages = 0;
+    q_starts.push_back(0);
     if (shape == Shape::prefill) {
       pages = tokens / kPageSize;
-      for (std::size_t t = 0; t < tokens; ++t) {
-        slots.push_back(static_cast<std::int64_t>(t));
-        positions.push_back(static_cast<std::int64_t>(t));
-      }
+      stride = pages;
+      q_starts.push_back(static_cast<std::int64_t>(tokens));
+      lengths.push_back(static_cast<std::int64_t>(tokens));
+      for (std::size_t i = 0; i < pages; ++i) block_table.push_back(static_cast<std::int32_t>(i));
     } else {
       pages = kDecodePages;
+      stride = kTablePositions / kPageSize;
+      // Sequence b's token at position 97 + 241 b goes into page 16 b + 5;
+      // its earlier keys sit in pages no sequence writes (read, shared).
+      std::vector<std::int32_t> read_only;
+      for (std::size_t i = 0; i < pages; ++i) {
+        if (i % 16 != 5) read_only.push_back(static_cast<std::int32_t>(i));
+      }
+      block_table.assign(tokens * stride, 0);
       for (std::size_t b = 0; b < tokens; ++b) {
         const std::size_t position = 97 + 241 * b;  // below 4096, each in its own page
-        positions.push_back(static_cast<std::int64_t>(position));
-        slots.push_back(static_cast<std::int64_t>((16 * b + 5) * kPageSize + position % kPageSize));
+        q_starts.push_back(static_cast<std::int64_t>(b + 1));
+        lengths.push_back(static_cast<std::int64_t>(position + 1));
+        for (std::size_t i = 0; i < position / kPageSize; ++i) block_table[b * stride + i] = read_only[i];
+        block_table[b * stride + position / kPageSize] = static_cast<std::int32_t>(16 * b + 5);
       }
     }
     const std::size_t rows = pages * kPageSize * kKvHeads;
@@ -110,10 +128,12 @@ struct FusedCase {
     }
     cache.k = ra::PagePool<E>::nhd(k_pool.data(), pages, kPageSize, kKvHeads, kHeadDim, ks);
     cache.v = ra::PagePool<E>::nhd(v_pool.data(), pages, kPageSize, kKvHeads, kHeadDim, vs);
+    ra::plan(plan, ra::Shape::of(cache, kQHeads),
+             ra::Batch{q_starts.data(), lengths.data(), block_table.data(), stride, lengths.size()});
   }
 
   rope::QkvViews<float> views() { return rope::split_qkv(qkv.data(), tokens, kQHeads, kKvHeads, kHeadDim); }
-  rope::Positions at() const { return rope::Positions(positions.data()); }
+  rope::Positions at() const { return rope::Positions(plan.positions()); }
   std::int64_t bytes() const { return static_cast<std::int64_t>(qkv.size() * sizeof(float)); }
 };
 
@@ -127,7 +147,7 @@ void fused_case(benchmark::State& state, Shape shape) {
   o.k_norm = {c.k_weight.data(), c.k_weight.size()};
   o.eps = kEps;
   for (auto _ : state) {
-    ra::norm_rope_append(qkv.q, qkv.k, qkv.v, c.at(), c.slots.data(), c.cache, qkv.q, o);
+    ra::append(c.plan, c.cache, qkv.q, qkv.k, qkv.v, qkv.q, o);
     benchmark::DoNotOptimize(c.k_pool.data());
     benchmark::ClobberMemory();
   }
@@ -156,7 +176,7 @@ void unfused_case(benchmark::State& state, Shape shape) {
     rms_norm_heads(qkv.q, c.q_weight.data());
     rms_norm_heads(qkv.k, c.k_weight.data());
     rope::apply_qk(qkv.q, qkv.k, c.table, rope::Style::rotate_half, c.at());
-    ra::write_slots(qkv.k, qkv.v, c.slots.data(), c.cache);
+    ra::append(c.plan, c.cache, qkv.k, qkv.v);
     benchmark::DoNotOptimize(c.k_pool.data());
     benchmark::ClobberMemory();
   }

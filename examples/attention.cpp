@@ -26,12 +26,12 @@ int main() {
   const rope::Table<double> table(rope::frequencies(head_dim, 10000.0), 1024);
   const ra::Rotation<double> rotation{&table, rope::Style::rotate_half};
   ra::SoftmaxOptions so;
-  so.causal = true;
+  so.mask.causal = true;
   const ra::Matrix<double> exact = ra::softmax(q, k, v, rotation, so);
 
   std::printf("causal attention, %ld tokens, d = %ld\n", long(tokens), long(head_dim));
   ra::LinearOptions lo;
-  lo.causal = true;
+  lo.mask.causal = true;
   double first = 0, last = 0;
   for (const std::size_t m : {16, 64, 256, 1024}) {
     double error = 0;

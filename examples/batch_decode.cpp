@@ -1,18 +1,21 @@
-// A server's decode loop over a paged bf16 KV cache: three requests with
-// prompts of different lengths are prefilled in one batch, then decoded
-// together, one token per request per step, every step one call of
-// softmax_batch_step (it rotates each new key at its position, rounds K and
-// V once into bf16 in their slots, and attends). Pages are handed out from a
+// A server's step loop over paged bf16 KV caches, two layers: three
+// requests with prompts of different lengths are prefilled in one batch,
+// then decoded together, one token per request per step. Each step is
+// planned once (rope::attention::plan: positions, slots, work), then each
+// layer appends (Q and K rotated at the planned positions, K and V rounded
+// once into bf16 in their slots) and attends. Pages are handed out from a
 // free list as the sequences grow, so their pages interleave in the pool.
 //
-// Two checks per step, on every output row. Exits 1 unless both hold:
-//  - against rope::attention::softmax over an f32 copy of the very cache
-//    (each request's keys and values read back from its pages, widened):
-//    within 1e-5, which is float rounding only;
-//  - against the same loop over an f32 paged cache: within the bound that
-//    rounding K and V once into bf16 allows (docs/attention.md), max|v' - v|
-//    + (exp(2 eps) - 1) max|v| with eps = max_j |scale q.(k'_j - k_j)|, plus
-//    1e-5 of float rounding.
+// Checked against a plain implementation written here from the math (double
+// loops, angles m * base^(-2i/d), no rope call). Exits 1 unless both hold
+// on every output row of every layer and step:
+//  - rope over the bf16 cache against the plain softmax over the keys and
+//    values as stored (read back from the pages): within 1e-5, float
+//    rounding only;
+//  - rope against the plain softmax over the unrounded keys and values:
+//    within the bound rounding K and V once into bf16 allows
+//    (docs/attention.md), max|v' - v| + (exp(2 eps) - 1) max|v| with
+//    eps = max_j |scale q.(k'_j - k_j)|, plus 1e-5 of float rounding.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -26,44 +29,68 @@ namespace ra = rope::attention;
 
 namespace {
 
-constexpr std::size_t kQHeads = 8, kKvHeads = 2, kGroup = kQHeads / kKvHeads, kDim = 64;
+constexpr std::size_t kQHeads = 8, kKvHeads = 2, kGroup = kQHeads / kKvHeads, kDim = 64, kLayers = 2;
 constexpr std::size_t kPageSize = 16, kPoolPages = 12, kMaxPagesPerSequence = 4;
+constexpr double kBase = 500000.0;
 
-// One request's keys (or values) read back from its pages as f32 rows
-// [length, kv_heads, head_dim].
-template <class E>
-std::vector<float> gather(const ra::PagePool<E>& pool, const std::int32_t* pages, std::size_t length) {
-  std::vector<float> rows(length * pool.heads * pool.head_dim);
-  for (std::size_t j = 0; j < length; ++j) {
-    const std::size_t slot = static_cast<std::size_t>(pages[j / pool.page_size]) * pool.page_size + j % pool.page_size;
-    for (std::size_t h = 0; h < pool.heads; ++h) {
-      const E* row = pool.row(slot, h);
-      for (std::size_t c = 0; c < pool.head_dim; ++c) {
-        rows[(j * pool.heads + h) * pool.head_dim + c] = static_cast<float>(row[c]);
-      }
-    }
+// x (d values) rotated at position m, rotate_half pairing, in double.
+std::vector<double> rotate(const float* x, double m) {
+  std::vector<double> y(kDim);
+  for (std::size_t i = 0; i < kDim / 2; ++i) {
+    const double angle = m * std::pow(kBase, -2.0 * double(i) / double(kDim));
+    const double a = x[i], b = x[i + kDim / 2];
+    y[i] = a * std::cos(angle) - b * std::sin(angle);
+    y[i + kDim / 2] = b * std::cos(angle) + a * std::sin(angle);
   }
-  return rows;
+  return y;
 }
+
+// softmax(scale q . k_j) v over keys 0 .. visible-1 (rows of kDim doubles).
+std::vector<double> plain_softmax(const std::vector<double>& q, const std::vector<std::vector<double>>& keys,
+                                  const std::vector<std::vector<double>>& values, std::size_t visible) {
+  const double scale = 1.0 / std::sqrt(double(kDim));
+  std::vector<double> s(visible);
+  double top = -INFINITY;
+  for (std::size_t j = 0; j < visible; ++j) {
+    double dot = 0;
+    for (std::size_t c = 0; c < kDim; ++c) dot += q[c] * keys[j][c];
+    s[j] = scale * dot;
+    top = std::max(top, s[j]);
+  }
+  std::vector<double> out(kDim, 0.0);
+  double den = 0;
+  for (std::size_t j = 0; j < visible; ++j) {
+    const double w = std::exp(s[j] - top);
+    den += w;
+    for (std::size_t c = 0; c < kDim; ++c) out[c] += w * values[j][c];
+  }
+  for (double& x : out) x /= den;
+  return out;
+}
+
+// One layer's history of one request, as the plain implementation keeps it:
+// the keys rotated in double and the values, unrounded.
+struct History {
+  std::vector<std::vector<double>> k[kKvHeads], v[kKvHeads];
+};
 
 }  // namespace
 
 int main() {
-  const rope::Table<float> table(rope::frequencies(kDim, 500000.0), 4096);
-  const ra::Rotation<float> rotation{&table, rope::Style::rotate_half};
-
-  // The pools: [pages, page_size, kv_heads, head_dim] for K and for V, in
-  // bf16 and, for the comparison, in f32.
+  const rope::Table<float> table(rope::frequencies(kDim, kBase), 4096);
   const std::size_t pool_size = kPoolPages * kPageSize * kKvHeads * kDim;
-  std::vector<rope::BFloat16> k16(pool_size), v16(pool_size);
-  std::vector<float> k32(pool_size), v32(pool_size);
-  const ra::PagedCache<rope::BFloat16> cache16{
-      ra::PagePool<rope::BFloat16>::nhd(k16.data(), kPoolPages, kPageSize, kKvHeads, kDim),
-      ra::PagePool<rope::BFloat16>::nhd(v16.data(), kPoolPages, kPageSize, kKvHeads, kDim)};
-  const ra::PagedCache<float> cache32{ra::PagePool<float>::nhd(k32.data(), kPoolPages, kPageSize, kKvHeads, kDim),
-                                      ra::PagePool<float>::nhd(v32.data(), kPoolPages, kPageSize, kKvHeads, kDim)};
+  std::vector<std::vector<rope::BFloat16>> k_pools(kLayers, std::vector<rope::BFloat16>(pool_size));
+  std::vector<std::vector<rope::BFloat16>> v_pools = k_pools;
+  std::vector<ra::PagedCache<rope::BFloat16>> caches;
+  for (std::size_t l = 0; l < kLayers; ++l) {
+    caches.push_back({ra::PagePool<rope::BFloat16>::nhd(k_pools[l].data(), kPoolPages, kPageSize, kKvHeads, kDim),
+                      ra::PagePool<rope::BFloat16>::nhd(v_pools[l].data(), kPoolPages, kPageSize, kKvHeads, kDim)});
+  }
+  ra::Shape shape = ra::Shape::of(caches[0], kQHeads);
+  shape.kv_split = 16;  // a decode token's keys in parts of 16, merged: the same bytes for any thread count
+  ra::AppendOptions append;
+  append.rotation = {&table, rope::Style::rotate_half};
 
-  // The requests, their block tables and the pool's free pages.
   const std::vector<std::size_t> prompts = {5, 19, 33};
   constexpr std::size_t steps = 12;
   const std::size_t sequences = prompts.size();
@@ -71,16 +98,12 @@ int main() {
   std::vector<std::int32_t> block_table(sequences * kMaxPagesPerSequence, -1);
   std::vector<std::size_t> pages_held(sequences, 0);
   std::vector<std::int64_t> lengths(sequences, 0), q_starts(sequences + 1, 0);
-
-  ra::BatchOptions options;
-  options.rotation = rotation;
-  options.kv_split = 16;  // split a decode token's keys in parts of 16 (aligned at multiples of 16)
-  options.threads = 2;
-  ra::BatchWorkspace workspace16, workspace32;  // kept between steps: nothing allocated once grown
+  std::vector<History> history(sequences * kLayers);
+  ra::Plan plan;  // kept between steps: nothing allocated once grown
 
   std::mt19937 gen(11);
   std::normal_distribution<float> normal;
-  double worst_copy = 0, worst_excess = -1e300, worst_f32 = 0;
+  double worst_stored = 0, worst_excess = -1e300, worst_exact = 0;
   bool ok = true;
   for (std::size_t step = 0; step <= steps; ++step) {
     // This step's batch: the whole prompt at step 0, then one token each.
@@ -90,89 +113,86 @@ int main() {
       q_starts[b + 1] = q_starts[b] + static_cast<std::int64_t>(n);
       lengths[b] += static_cast<std::int64_t>(n);
       tokens += n;
-      // A page for every slot the request now needs.
       while (pages_held[b] * kPageSize < static_cast<std::size_t>(lengths[b])) {
         block_table[b * kMaxPagesPerSequence + pages_held[b]++] = free_pages.front();
         free_pages.erase(free_pages.begin());
       }
     }
-    const ra::Batch batch{q_starts.data(), lengths.data(), block_table.data(), kMaxPagesPerSequence, sequences};
+    ra::plan(plan, shape, {q_starts.data(), lengths.data(), block_table.data(), kMaxPagesPerSequence, sequences}, 2);
 
-    // What the Q, K and V projections give for this step's tokens, packed.
-    std::vector<float> q(tokens * kQHeads * kDim), k(tokens * kKvHeads * kDim), v(k.size());
-    for (auto* x : {&q, &k, &v}) std::generate(x->begin(), x->end(), [&] { return normal(gen); });
-    const auto qv = rope::View<const float>::token_major(q.data(), tokens, kQHeads, kDim);
-    const auto kv = rope::View<const float>::token_major(k.data(), tokens, kKvHeads, kDim);
-    const auto vv = rope::View<const float>::token_major(v.data(), tokens, kKvHeads, kDim);
-    std::vector<float> out16(tokens * kQHeads * kDim), out32(out16.size());
-    ra::softmax_batch_step(qv, kv, vv, cache16, batch,
-                           rope::View<float>::token_major(out16.data(), tokens, kQHeads, kDim), options, &workspace16);
-    ra::softmax_batch_step(qv, kv, vv, cache32, batch,
-                           rope::View<float>::token_major(out32.data(), tokens, kQHeads, kDim), options, &workspace32);
+    for (std::size_t layer = 0; layer < kLayers; ++layer) {
+      // What this layer's Q, K and V projections give for the step's tokens.
+      std::vector<float> q(tokens * kQHeads * kDim), k(tokens * kKvHeads * kDim), v(k.size());
+      for (auto* x : {&q, &k, &v}) std::generate(x->begin(), x->end(), [&] { return normal(gen); });
+      const std::vector<float> q_given = q;
+      const auto qv = rope::View<float>::token_major(q.data(), tokens, kQHeads, kDim);
+      ra::append(plan, caches[layer], qv, rope::View<const float>::token_major(k.data(), tokens, kKvHeads, kDim),
+                 rope::View<const float>::token_major(v.data(), tokens, kKvHeads, kDim), qv, append);
+      std::vector<float> out(tokens * kQHeads * kDim);
+      ra::attend(plan, caches[layer], qv, rope::View<float>::token_major(out.data(), tokens, kQHeads, kDim));
 
-    // The queries rotated at their positions, for the bound's eps.
-    std::vector<std::int64_t> positions(tokens);
-    for (std::size_t b = 0; b < sequences; ++b) {
-      for (std::int64_t t = q_starts[b]; t < q_starts[b + 1]; ++t) {
-        positions[static_cast<std::size_t>(t)] = lengths[b] - (q_starts[b + 1] - q_starts[b]) + (t - q_starts[b]);
+      for (std::size_t t = 0; t < tokens; ++t) {
+        std::size_t b = 0;
+        while (static_cast<std::int64_t>(t) >= q_starts[b + 1]) ++b;
+        const std::int64_t n = q_starts[b + 1] - q_starts[b];
+        const auto position = static_cast<std::size_t>(lengths[b] - n + (static_cast<std::int64_t>(t) - q_starts[b]));
+        History& hist = history[b * kLayers + layer];
+        for (std::size_t g = 0; g < kKvHeads; ++g) {
+          hist.k[g].push_back(rotate(&k[(t * kKvHeads + g) * kDim], double(position)));
+          hist.v[g].push_back(std::vector<double>(&v[(t * kKvHeads + g) * kDim], &v[(t * kKvHeads + g + 1) * kDim]));
+        }
       }
-    }
-    std::vector<float> q_rotated(q.size());
-    rope::apply<float>(qv, rope::View<float>::token_major(q_rotated.data(), tokens, kQHeads, kDim), table,
-                       rotation.style, positions.data());
-
-    for (std::size_t b = 0; b < sequences; ++b) {
-      const std::size_t n = static_cast<std::size_t>(q_starts[b + 1] - q_starts[b]);
-      const std::size_t length = static_cast<std::size_t>(lengths[b]), first = static_cast<std::size_t>(q_starts[b]);
-      const std::int32_t* pages = block_table.data() + b * kMaxPagesPerSequence;
-      // softmax over an f32 copy of this request's bf16 cache, keys as stored.
-      const std::vector<float> kc = gather(cache16.k, pages, length), vc = gather(cache16.v, pages, length);
-      const std::vector<float> kf = gather(cache32.k, pages, length), vf = gather(cache32.v, pages, length);
-      std::vector<float> want(n * kQHeads * kDim);
-      ra::SoftmaxOptions plain;
-      plain.causal = true;
-      plain.keys_rotated = true;
-      plain.q_offset = static_cast<std::int64_t>(length - n);
-      ra::softmax<float>(qv.slice_tokens(first, n),
-                         rope::View<const float>::token_major(kc.data(), length, kKvHeads, kDim),
-                         rope::View<const float>::token_major(vc.data(), length, kKvHeads, kDim),
-                         rope::View<float>::token_major(want.data(), n, kQHeads, kDim), rotation, plain);
+      // Every row against the plain softmax, over the stored and the exact
+      // keys and values. A token's own key joins its history before it is
+      // read: the loop above appended the step's keys in position order.
       const double scale = 1.0 / std::sqrt(double(kDim));
-      for (std::size_t i = 0; i < n; ++i) {
-        const std::size_t t = first + i, visible = length - n + i + 1;
+      for (std::size_t t = 0; t < tokens; ++t) {
+        std::size_t b = 0;
+        while (static_cast<std::int64_t>(t) >= q_starts[b + 1]) ++b;
+        const std::int64_t n = q_starts[b + 1] - q_starts[b];
+        const auto position = static_cast<std::size_t>(lengths[b] - n + (static_cast<std::int64_t>(t) - q_starts[b]));
+        const History& hist = history[b * kLayers + layer];
+        const std::int32_t* pages = block_table.data() + b * kMaxPagesPerSequence;
         for (std::size_t h = 0; h < kQHeads; ++h) {
           const std::size_t g = h / kGroup;
-          // The bound of the bf16 cache against the f32 one, over the keys
-          // this row sees.
+          const std::vector<double> qr = rotate(&q_given[(t * kQHeads + h) * kDim], double(position));
+          std::vector<std::vector<double>> k_stored(position + 1), v_stored(position + 1);
           double eps = 0, dv_max = 0, v_max = 0;
-          for (std::size_t j = 0; j < visible; ++j) {
+          for (std::size_t j = 0; j <= position; ++j) {
+            const std::size_t slot = static_cast<std::size_t>(pages[j / kPageSize]) * kPageSize + j % kPageSize;
+            const rope::BFloat16* kr = caches[layer].k.row(slot, g);
+            const rope::BFloat16* vr = caches[layer].v.row(slot, g);
             double dot = 0;
             for (std::size_t c = 0; c < kDim; ++c) {
-              const std::size_t at = (j * kKvHeads + g) * kDim + c;
-              dot += double(q_rotated[(t * kQHeads + h) * kDim + c]) * (double(kc[at]) - double(kf[at]));
-              dv_max = std::max(dv_max, std::fabs(double(vc[at]) - double(vf[at])));
-              v_max = std::max(v_max, std::fabs(double(vf[at])));
+              k_stored[j].push_back(static_cast<float>(kr[c]));
+              v_stored[j].push_back(static_cast<float>(vr[c]));
+              dot += qr[c] * (k_stored[j][c] - hist.k[g][j][c]);
+              dv_max = std::max(dv_max, std::fabs(v_stored[j][c] - hist.v[g][j][c]));
+              v_max = std::max(v_max, std::fabs(hist.v[g][j][c]));
             }
             eps = std::max(eps, std::fabs(scale * dot));
           }
+          const std::vector<double> stored = plain_softmax(qr, k_stored, v_stored, position + 1);
+          const std::vector<double> exact = plain_softmax(qr, hist.k[g], hist.v[g], position + 1);
           const double bound = dv_max + std::expm1(2 * eps) * v_max;
           for (std::size_t c = 0; c < kDim; ++c) {
-            const std::size_t at = (t * kQHeads + h) * kDim + c;
-            const double copy = std::fabs(double(out16[at]) - double(want[(i * kQHeads + h) * kDim + c]));
-            const double f32 = std::fabs(double(out16[at]) - double(out32[at]));
-            worst_copy = std::max(worst_copy, copy);
-            worst_f32 = std::max(worst_f32, f32);
-            worst_excess = std::max(worst_excess, f32 - bound);
-            ok = ok && copy <= 1e-5 && f32 <= bound + 1e-5;
+            const double got = out[(t * kQHeads + h) * kDim + c];
+            worst_stored = std::max(worst_stored, std::fabs(got - stored[c]));
+            worst_exact = std::max(worst_exact, std::fabs(got - exact[c]));
+            worst_excess = std::max(worst_excess, std::fabs(got - exact[c]) - bound);
+            ok = ok && std::fabs(got - stored[c]) <= 1e-5 && std::fabs(got - exact[c]) <= bound + 1e-5;
           }
         }
       }
     }
   }
-  std::printf("rope batch decode: %zu requests (prompts %zu, %zu, %zu), %zu decode steps, bf16 pages of %zu tokens\n",
-              sequences, prompts[0], prompts[1], prompts[2], steps, kPageSize);
-  std::printf("max |bf16 batch - softmax over its f32 copy| = %.2e (limit 1e-5)\n", worst_copy);
-  std::printf("max |bf16 batch - f32 batch| = %.2e; max excess over the rounding bound = %.2e (limit 1e-5)\n",
-              worst_f32, worst_excess);
+  std::printf(
+      "rope batch decode: %zu requests (prompts %zu, %zu, %zu), %zu decode steps, %zu layers, bf16 pages of %zu\n",
+      sequences, prompts[0], prompts[1], prompts[2], steps, kLayers, kPageSize);
+  std::printf("max |rope - plain softmax over the stored bf16 rows| = %.2e (limit 1e-5)\n", worst_stored);
+  std::printf(
+      "max |rope - plain softmax over the exact rows| = %.2e; max excess over the rounding bound = %.2e "
+      "(limit 1e-5)\n",
+      worst_exact, worst_excess);
   return ok ? 0 : 1;
 }

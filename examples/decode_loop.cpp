@@ -1,9 +1,10 @@
-// A decoder's attention loop: prefill a prompt into a KV cache, then decode
-// one token at a time, each step appending its key (rotated once, where the
-// cache keeps it) and value and attending over the whole cache. Every output
-// must equal the same token's row of one causal call over the whole
-// sequence: the cache changes how the work is done, not the result. Exits 1
-// otherwise.
+// A decoder's attention loop over one sequence's contiguous cache: prefill a
+// prompt, then decode one token at a time. Each step is planned (the plan
+// of one sequence: a contiguous cache is one page of its capacity), then
+// append rotates Q and the new keys (once, where the cache keeps them) and
+// writes K and V, and attend reads the whole cache. Every output must equal
+// the same token's row of one causal call over the whole sequence: the
+// cache changes how the work is done, not the result. Exits 1 otherwise.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -31,7 +32,7 @@ int main() {
   const auto v_view = rope::View<const float>::token_major(v.data(), tokens, kv_heads, head_dim);
 
   ra::SoftmaxOptions options;
-  options.causal = true;
+  options.mask.causal = true;
   options.threads = 2;
 
   // The reference: one causal call over the whole sequence.
@@ -40,24 +41,32 @@ int main() {
                      rotation, options);
 
   // The loop: a cache with room for 64 tokens, the prompt in one step, then
-  // one token per step.
+  // one token per step; each step's Q rotated into q_rotated.
   constexpr std::size_t capacity = 64;
   std::vector<float> k_cache(capacity * kv_heads * head_dim), v_cache(k_cache.size());
-  ra::KvCache<float> cache{rope::View<float>::token_major(k_cache.data(), capacity, kv_heads, head_dim),
-                           rope::View<float>::token_major(v_cache.data(), capacity, kv_heads, head_dim), 0};
-  std::vector<float> stepped(q.size());
+  const auto cache =
+      ra::PagedCache<float>::contiguous(rope::View<float>::token_major(k_cache.data(), capacity, kv_heads, head_dim),
+                                        rope::View<float>::token_major(v_cache.data(), capacity, kv_heads, head_dim));
+  ra::AppendOptions append;
+  append.rotation = rotation;
+  std::vector<float> stepped(q.size()), q_rotated(q.size());
   const auto out_view = rope::View<float>::token_major(stepped.data(), tokens, q_heads, head_dim);
-  ra::softmax_step<float>(q_view.slice_tokens(0, prompt), k_view.slice_tokens(0, prompt),
-                          v_view.slice_tokens(0, prompt), cache, out_view.slice_tokens(0, prompt), rotation, options);
-  for (std::size_t t = prompt; t < tokens; ++t) {
-    ra::softmax_step<float>(q_view.slice_tokens(t, 1), k_view.slice_tokens(t, 1), v_view.slice_tokens(t, 1), cache,
-                            out_view.slice_tokens(t, 1), rotation, options);
+  const auto q_rotated_view = rope::View<float>::token_major(q_rotated.data(), tokens, q_heads, head_dim);
+  ra::Plan plan;
+  std::size_t cached = 0;  // tokens the cache holds
+  while (cached < tokens) {
+    const std::size_t t = cached, n = cached == 0 ? prompt : 1;
+    ra::plan(plan, ra::Shape::of(cache, q_heads), cached, n, 2);
+    ra::append(plan, cache, q_view.slice_tokens(t, n), k_view.slice_tokens(t, n), v_view.slice_tokens(t, n),
+               q_rotated_view.slice_tokens(t, n), append);
+    ra::attend(plan, cache, q_rotated_view.slice_tokens(t, n), out_view.slice_tokens(t, n));
+    cached += n;
   }
 
   double worst = 0;
   for (std::size_t i = 0; i < q.size(); ++i) worst = std::max(worst, double(std::fabs(stepped[i] - once[i])));
   std::printf("rope decode loop: %zu prompt tokens, then %zu steps; cache holds %zu tokens\n", prompt, generated,
-              cache.length);
+              cached);
   std::printf("max |step output - one-shot causal output| = %.2e\n", worst);
-  return cache.length == tokens && worst < 1e-5 ? 0 : 1;
+  return cached == tokens && worst < 1e-5 ? 0 : 1;
 }

@@ -2,9 +2,10 @@
 // gives one f32 row per token ([q_heads + 2 kv_heads] heads of head_dim),
 // Q and K get a per-head RMSNorm with their own weights (QK-norm), then RoPE
 // from a rope::Table, and K and V go into a paged bf16 cache (pages of 16
-// tokens) -- all of it one call of norm_rope_append per step, Q rotated into
-// its own buffer. softmax_batch then attends over the cache. Three
-// sequences are prefilled together, then decoded a few steps, one token each.
+// tokens) -- all of it one append call per step, at the positions and slots
+// the step's plan derived, Q rotated into its own buffer. attend then reads
+// the cache. Three sequences are prefilled together, then decoded a few
+// steps, one token each.
 //
 // Two checks per step. Exits 1 unless both hold:
 //  - the fused step, bit for bit, against its parts done plainly: RMSNorm in
@@ -88,10 +89,9 @@ int main() {
   append.q_norm = {q_weight.data(), kDim};
   append.k_norm = {k_weight.data(), kDim};
   append.eps = kEps;
-  append.threads = 2;
-  ra::BatchOptions attend;  // Q comes rotated: no rotation here
-  attend.kv_split = 16;
-  attend.threads = 2;
+  ra::Shape shape = ra::Shape::of(cache, kQHeads);
+  shape.kv_split = 16;
+  ra::Plan plan;
 
   const std::vector<std::size_t> prompts = {7, 21, 30};
   constexpr std::size_t steps = 6;
@@ -114,20 +114,9 @@ int main() {
         free_pages.erase(free_pages.begin());
       }
     }
-    // Each new token's position and slot.
-    std::vector<std::int64_t> positions(tokens), slots(tokens);
-    for (std::size_t b = 0; b < sequences; ++b) {
-      const std::int64_t n = q_starts[b + 1] - q_starts[b];
-      for (std::int64_t i = 0; i < n; ++i) {
-        const std::int64_t p = lengths[b] - n + i;
-        const auto t = static_cast<std::size_t>(q_starts[b] + i);
-        positions[t] = p;
-        slots[t] =
-            static_cast<std::int64_t>(block_table[b * kMaxPagesPerSequence + static_cast<std::size_t>(p) / kPageSize]) *
-                static_cast<std::int64_t>(kPageSize) +
-            p % static_cast<std::int64_t>(kPageSize);
-      }
-    }
+    // The step's plan: each new token's position and slot, from the lengths.
+    ra::plan(plan, shape, {q_starts.data(), lengths.data(), block_table.data(), kMaxPagesPerSequence, sequences}, 2);
+    const std::vector<std::int64_t> positions(plan.positions(), plan.positions() + tokens);
 
     // The fused projection's output, and the step before attention.
     std::vector<float> qkv(tokens * kHeads * kDim);
@@ -136,7 +125,7 @@ int main() {
     std::vector<float> q_out(tokens * kQHeads * kDim);
     const auto q_view = rope::View<float>::token_major(q_out.data(), tokens, kQHeads, kDim);
     const std::vector<rope::BFloat16> k_before = k_pool, v_before = v_pool;
-    ra::norm_rope_append(parts.q, parts.k, parts.v, positions.data(), slots.data(), cache, q_view, append);
+    ra::append(plan, cache, parts.q, parts.k, parts.v, q_view, append);
 
     // The same by parts: norm, rope::apply, one rounding into the slots.
     const std::vector<float> q_norm = normalized(parts.q, q_weight), k_norm = normalized(parts.k, k_weight);
@@ -155,8 +144,8 @@ int main() {
         ra::PagePool<rope::BFloat16>::nhd(v_pool_want.data(), kPoolPages, kPageSize, kKvHeads, kDim);
     for (std::size_t t = 0; t < tokens; ++t) {
       for (std::size_t h = 0; h < kKvHeads; ++h) {
-        rope::BFloat16* k_row = k_pool_view.row(static_cast<std::size_t>(slots[t]), h);
-        rope::BFloat16* v_row = v_pool_view.row(static_cast<std::size_t>(slots[t]), h);
+        rope::BFloat16* k_row = k_pool_view.row(static_cast<std::size_t>(plan.slot(t)), h);
+        rope::BFloat16* v_row = v_pool_view.row(static_cast<std::size_t>(plan.slot(t)), h);
         for (std::size_t c = 0; c < kDim; ++c) {
           k_row[c] = rope::BFloat16(k_want[(t * kKvHeads + h) * kDim + c]);
           v_row[c] = rope::BFloat16(parts.v.row(t, h)[c]);
@@ -167,10 +156,8 @@ int main() {
                std::memcmp(v_pool.data(), v_pool_want.data(), pool_size * sizeof(rope::BFloat16)) == 0;
 
     // Attention over the cache, and over an f32 copy of each sequence's.
-    const ra::Batch batch{q_starts.data(), lengths.data(), block_table.data(), kMaxPagesPerSequence, sequences};
     std::vector<float> out(tokens * kQHeads * kDim);
-    ra::softmax_batch(rope::View<const float>(q_view), cache, batch,
-                      rope::View<float>::token_major(out.data(), tokens, kQHeads, kDim), attend);
+    ra::attend(plan, cache, q_view, rope::View<float>::token_major(out.data(), tokens, kQHeads, kDim));
     for (std::size_t b = 0; b < sequences; ++b) {
       const auto n = static_cast<std::size_t>(q_starts[b + 1] - q_starts[b]);
       const auto length = static_cast<std::size_t>(lengths[b]), first = static_cast<std::size_t>(q_starts[b]);
@@ -178,7 +165,7 @@ int main() {
       const std::vector<float> kc = gather(cache.k, pages, length), vc = gather(cache.v, pages, length);
       std::vector<float> want(n * kQHeads * kDim);
       ra::SoftmaxOptions plain;
-      plain.causal = true;
+      plain.mask.causal = true;
       plain.q_offset = static_cast<std::int64_t>(length - n);
       ra::softmax<float>(rope::View<const float>(q_view).slice_tokens(first, n),
                          rope::View<const float>::token_major(kc.data(), length, kKvHeads, kDim),
@@ -195,6 +182,6 @@ int main() {
               sequences, prompts[0], prompts[1], prompts[2], steps, kQHeads, kKvHeads, kDim);
   std::printf("  per-head QK-norm + RoPE + bf16 pages of %zu in one call\n", kPageSize);
   std::printf("fused step = norm, rope::apply, bf16 rounding bit for bit: %s\n", fused_ok ? "yes" : "NO");
-  std::printf("max |softmax_batch - softmax over the f32 copy| = %.2e (limit 1e-5)\n", worst);
+  std::printf("max |attend - softmax over the f32 copy| = %.2e (limit 1e-5)\n", worst);
   return fused_ok && attention_ok ? 0 : 1;
 }
