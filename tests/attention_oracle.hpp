@@ -129,6 +129,66 @@ inline Mat naive_softmax(const Mat& q, const Mat& k, const Mat& v, const std::ve
                               [&](std::size_t i, std::size_t j) { return !causal || pk[j] <= pq[i]; });
 }
 
+// One query row of softmax attention from its exact scores s_j (the keys it
+// sees, in order), their value rows v[j] (dv values each) and the sink
+// (-inf: none), as logits.hpp writes it:
+//   out = sum_j p_j v_j,  p_j = exp(s_j - lse),  lse = log(exp(sink) + sum_j exp(s_j))
+// A row that sees no key: zeros, lse = the sink (-inf without one).
+struct SoftmaxRow {
+  std::vector<LD> out;
+  LD lse = -std::numeric_limits<LD>::infinity();
+  std::vector<LD> p;  // the weight of each key
+  LD p_sink = 0;      // the sink's share of the denominator
+};
+
+inline SoftmaxRow softmax_row(const std::vector<LD>& s, const Mat& v, std::size_t dv, LD sink) {
+  const LD neg_inf = -std::numeric_limits<LD>::infinity();
+  SoftmaxRow r;
+  r.out.assign(dv, 0);
+  if (s.empty()) {
+    r.lse = sink;
+    return r;
+  }
+  LD top = sink;
+  for (const LD x : s) top = std::max(top, x);
+  LD sum = sink == neg_inf ? LD(0) : std::exp(sink - top);
+  for (const LD x : s) sum += std::exp(x - top);
+  r.lse = top + std::log(sum);
+  r.p_sink = sink == neg_inf ? LD(0) : std::exp(sink - r.lse);
+  for (std::size_t j = 0; j < s.size(); ++j) {
+    r.p.push_back(std::exp(s[j] - r.lse));
+    for (std::size_t c = 0; c < dv; ++c) r.out[c] += r.p[j] * v[j][c];
+  }
+  return r;
+}
+
+// The merge of two partial softmax states over disjoint keys (state.hpp),
+// from the math: lse = log(exp(lse_a) + exp(lse_b)), out = exp(lse_a - lse)
+// out_a + exp(lse_b - lse) out_b; a part with lse -inf is left out, two
+// such give zeros and -inf.
+inline void merge_states(const std::vector<LD>& out_a, LD lse_a, const std::vector<LD>& out_b, LD lse_b,
+                         std::vector<LD>* out, LD* lse) {
+  const LD neg_inf = -std::numeric_limits<LD>::infinity();
+  out->assign(out_a.size(), 0);
+  if (lse_a == neg_inf && lse_b == neg_inf) {
+    *lse = neg_inf;
+    return;
+  }
+  const LD top = std::max(lse_a, lse_b);
+  *lse = top + std::log(std::exp(lse_a - top) + std::exp(lse_b - top));
+  const LD wa = lse_a == neg_inf ? LD(0) : std::exp(lse_a - *lse);
+  const LD wb = lse_b == neg_inf ? LD(0) : std::exp(lse_b - *lse);
+  for (std::size_t c = 0; c < out_a.size(); ++c) (*out)[c] = wa * out_a[c] + wb * out_b[c];
+}
+
+// gamma_n = n u / (1 - n u) for float's unit roundoff u = 2^-24: the bound
+// on the relative error of a value after n roundings, each by a factor in
+// [1 - u, 1 + u] (Higham, Accuracy and Stability, lemma 3.1).
+inline double gamma_float(double n) {
+  const double u = std::numeric_limits<float>::epsilon() / 2;
+  return n * u / (1 - n * u);
+}
+
 inline LD guard(LD r, LD delta) { return std::fabs(r) <= delta ? r + 2 * delta : r; }
 
 // out = (N V) / g(rowsum(D)), N_ij = qn_i . kn_j, D_ij = qd_i . kd_j, tril'd when
