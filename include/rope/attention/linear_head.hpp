@@ -1,8 +1,7 @@
 // rope/attention/linear_head.hpp — the machinery of linear attention
-// (linear.hpp): the checked feature map and plan of a call, the tokens in
-// (sequence, position) order, one key/value head's chunked sums
-// (LinearHead), and the split of heads, segments and query blocks across
-// threads (or the caller's executor).
+// (linear.hpp): one key/value head's chunked sums (LinearHead), and the
+// split of heads, segments and query blocks across threads (or the
+// caller's executor). What a call computes with, checked: linear_params.hpp.
 #pragma once
 
 #include <algorithm>
@@ -22,128 +21,12 @@
 #include "call_options.hpp"
 #include "common.hpp"
 #include "features.hpp"
+#include "linear_params.hpp"
 #include "linear_state.hpp"
 
 namespace rope::attention::detail {
 
 using rope::detail::parallel_for;
-
-// From input rows to features: the feature map (or none: the inputs are
-// features already), the pre-phi rotation in d dimensions, and the eq. 19
-// rotation of the numerator in m dimensions.
-template <class T>
-struct FeatureMap {
-  const FavorFeatures* phi = nullptr;  // null: rows are features
-  Rotation<T> pre_phi;
-  std::size_t pre_phi_dim = 0;
-  Rotation<T> feature_rotation;  // eq. 19 when feature_rotation.table is set
-  T eq19_rescale = 1;            // 1 / attention_factor^2 of the feature table
-
-  bool eq19() const noexcept { return feature_rotation.table != nullptr; }
-  // Keys carry log scales: causal FAVOR+ positive features.
-  bool scaled_keys(bool causal) const noexcept {
-    return phi != nullptr && causal && phi->options().kind == FeatureKind::positive;
-  }
-  std::size_t features(std::size_t input_dim) const noexcept { return phi ? phi->features() : input_dim; }
-
-  // Query rows x (gathered, modified) at positions pos: numerator and
-  // denominator features (den untouched unless eq. 19).
-  void queries(Matrix<T>& x, const std::int64_t* pos, Matrix<T>& num, Matrix<T>& den) const {
-    rotate_rows_at(x, pre_phi, pre_phi_dim, pos);
-    if (phi) {
-      num = phi->queries(x);
-    } else {
-      num.swap(x);
-    }
-    rotate_numerator(num, den, pos, eq19_rescale);
-  }
-  // Key rows: numerator and denominator features and, for causal FAVOR+,
-  // the log scales (else log_scale is left empty).
-  void keys(Matrix<T>& x, const std::int64_t* pos, bool causal, Matrix<T>& num, Matrix<T>& den,
-            Vector<T>& log_scale) const {
-    rotate_rows_at(x, pre_phi, pre_phi_dim, pos);
-    log_scale.resize(0);
-    if (scaled_keys(causal)) {
-      ScaledFeatures<T> sf = phi->scaled_keys(x);
-      num = std::move(sf.features);
-      log_scale = std::move(sf.log_scale);
-    } else if (phi) {
-      num = phi->keys(x);
-    } else {
-      num.swap(x);
-    }
-    rotate_numerator(num, den, pos, T(1));
-  }
-
- private:
-  // Eq. 19: the denominator keeps the features, the numerator's are rotated
-  // over all m (the queries' also rescaled by 1/attention_factor^2).
-  void rotate_numerator(Matrix<T>& num, Matrix<T>& den, const std::int64_t* pos, T rescale) const {
-    if (!eq19()) return;
-    den = num;
-    rotate_rows_at(num, feature_rotation, static_cast<std::size_t>(num.cols()), pos);
-    if (rescale != T(1)) num *= rescale;
-  }
-};
-
-// Checked inputs of one multi-head linear call.
-template <class T>
-struct LinearPlan {
-  Visibility visibility;
-  std::size_t group = 1, features = 0;
-  FeatureMap<T> map;
-};
-
-// Token order within a head: by (sequence, position), stable; the runs of
-// one sequence are segments.
-struct TokenOrder {
-  std::vector<std::size_t> q, k;                  // sorted token indices
-  std::vector<std::int64_t> q_pos, k_pos;         // their positions, in that order
-  std::vector<std::size_t> q_segment, k_segment;  // segment starts, + end
-};
-
-inline TokenOrder order_tokens(const Visibility& vis, std::size_t lq, std::size_t lk) {
-  TokenOrder order;
-  order.q.resize(lq);
-  order.k.resize(lk);
-  std::iota(order.q.begin(), order.q.end(), std::size_t{0});
-  std::iota(order.k.begin(), order.k.end(), std::size_t{0});
-  const auto sort_by = [](std::vector<std::size_t>& idx, auto seq, auto pos) {
-    std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
-      return seq(a) != seq(b) ? seq(a) < seq(b) : pos(a) < pos(b);
-    });
-  };
-  sort_by(
-      order.q, [&](std::size_t i) { return vis.q_seq(i); }, [&](std::size_t i) { return vis.q_position(i); });
-  sort_by(
-      order.k, [&](std::size_t j) { return vis.k_seq(j); }, [&](std::size_t j) { return vis.k_position(j); });
-  for (std::size_t i : order.q) order.q_pos.push_back(vis.q_position(i));
-  for (std::size_t j : order.k) order.k_pos.push_back(vis.k_position(j));
-  // Segments: the distinct sequence ids, each with its query and key run.
-  std::size_t a = 0, b = 0;
-  while (a < lq || b < lk) {
-    const bool q_left = a < lq, k_left = b < lk;
-    std::int64_t s = q_left ? vis.q_seq(order.q[a]) : vis.k_seq(order.k[b]);
-    if (q_left && k_left) s = std::min(vis.q_seq(order.q[a]), vis.k_seq(order.k[b]));
-    order.q_segment.push_back(a);
-    order.k_segment.push_back(b);
-    while (a < lq && vis.q_seq(order.q[a]) == s) ++a;
-    while (b < lk && vis.k_seq(order.k[b]) == s) ++b;
-  }
-  order.q_segment.push_back(lq);
-  order.k_segment.push_back(lk);
-  return order;
-}
-
-// The buffers of one thread, reused by every head and chunk it computes.
-template <class T>
-struct LinearWorkspace {
-  Matrix<T> x, q_num, q_den, k_num, k_den, values, scores, den_scores, num;
-  Vector<T> log_scale, den, weights;
-  std::vector<std::int64_t> pos;
-  std::vector<T> offsets;            // per query token of a chunk: its running log offset
-  std::vector<std::size_t> visible;  // per query token: visible keys of the key sub-chunk
-};
 
 // One key/value head of a multi-head call: gathers rows in token order,
 // computes features chunk by chunk and the outputs of its query heads.
@@ -151,13 +34,13 @@ template <class T>
 class LinearHead {
  public:
   LinearHead(const View<const T>& q, const View<const T>& k, const View<const T>& v, const View<T>& out,
-             const LinearOptions& o, const LinearPlan<T>& plan, const TokenOrder& order, LinearWorkspace<T>& ws)
+             const LinearOptions& o, const LinearParams<T>& params, const TokenOrder& order, LinearWorkspace<T>& ws)
       : q_(q),
         k_(k),
         v_(v),
         out_(out),
         o_(o),
-        plan_(plan),
+        params_(params),
         order_(order),
         ws_(ws),
         chunk_(std::min(o.chunk, std::max<std::size_t>({q.tokens, k.tokens, 1}))) {}
@@ -185,19 +68,19 @@ class LinearHead {
   void read_queries(std::size_t g, std::size_t a, std::size_t b, const LinearState<T>& state, bool any_keys) {
     g_ = g;
     gather_queries(a, b);
-    const Matrix<T>& q_den = plan_.map.eq19() ? ws_.q_den : ws_.q_num;
+    const Matrix<T>& q_den = params_.map.eq19() ? ws_.q_den : ws_.q_num;
     ws_.num.noalias() = ws_.q_num * state.key_value_sum();
     ws_.den.noalias() = q_den * state.key_sum();
     finish(a, b, nullptr, any_keys);
   }
 
  private:
-  const Matrix<T>& key_den() const { return plan_.map.eq19() ? ws_.k_den : ws_.k_num; }
+  const Matrix<T>& key_den() const { return params_.map.eq19() ? ws_.k_den : ws_.k_num; }
 
   // Rows of query tokens [a, b) of the sorted order, every head of the group,
   // token-major; their features in q_num / q_den.
   void gather_queries(std::size_t a, std::size_t b) {
-    const std::size_t group = plan_.group, n = b - a;
+    const std::size_t group = params_.group, n = b - a;
     const auto d = static_cast<Eigen::Index>(q_.head_dim);
     ws_.x.resize(static_cast<Eigen::Index>(n * group), d);
     ws_.pos.resize(n * group);
@@ -208,7 +91,7 @@ class LinearHead {
         ws_.pos[t * group + h] = order_.q_pos[a + t];
       }
     }
-    plan_.map.queries(ws_.x, ws_.pos.data(), ws_.q_num, ws_.q_den);
+    params_.map.queries(ws_.x, ws_.pos.data(), ws_.q_num, ws_.q_den);
   }
 
   // Key tokens [a, b): features in k_num / k_den (+ log_scale), values.
@@ -224,7 +107,7 @@ class LinearHead {
       std::memcpy(ws_.values.row(static_cast<Eigen::Index>(j)).data(), v_.row(token, g_),
                   static_cast<std::size_t>(dv) * sizeof(T));
     }
-    plan_.map.keys(ws_.x, order_.k_pos.data() + a, o_.mask.causal, ws_.k_num, ws_.k_den, ws_.log_scale);
+    params_.map.keys(ws_.x, order_.k_pos.data() + a, o_.mask.causal, ws_.k_num, ws_.k_den, ws_.log_scale);
   }
 
   // Keys [a, b) into the state, a chunk at a time.
@@ -255,7 +138,7 @@ class LinearHead {
       absorb(state, consumed, lo);
       consumed = lo;
       gather_queries(a, b);
-      const Matrix<T>& q_den = plan_.map.eq19() ? ws_.q_den : ws_.q_num;
+      const Matrix<T>& q_den = params_.map.eq19() ? ws_.q_den : ws_.q_num;
       ws_.num.noalias() = ws_.q_num * state.key_value_sum();
       ws_.den.noalias() = q_den * state.key_sum();
       const bool any_before = !state.empty();
@@ -276,7 +159,7 @@ class LinearHead {
   // Query tokens [a, a + tokens) against keys [j0, j1) they partly see: each
   // token sees a prefix of them (positions sorted).
   void diagonal(std::size_t a, std::size_t tokens, std::size_t j0, std::size_t j1, std::vector<unsigned char>& seen) {
-    const std::size_t group = plan_.group, n = j1 - j0;
+    const std::size_t group = params_.group, n = j1 - j0;
     const auto bn = static_cast<Eigen::Index>(n);
     const bool scaled = ws_.log_scale.size() != 0;
     ws_.visible.resize(tokens);
@@ -287,7 +170,7 @@ class LinearHead {
       if (ws_.visible[t] > 0) seen[t] = 1;
     }
     ws_.scores.noalias() = ws_.q_num * ws_.k_num.transpose();
-    if (plan_.map.eq19()) ws_.den_scores.noalias() = ws_.q_den * ws_.k_den.transpose();
+    if (params_.map.eq19()) ws_.den_scores.noalias() = ws_.q_den * ws_.k_den.transpose();
     for (std::size_t t = 0; t < tokens; ++t) {
       const auto seen_keys = static_cast<Eigen::Index>(ws_.visible[t]);
       // Weights exp(s_j - c_t) over the keys this token sees, relative to its
@@ -311,7 +194,7 @@ class LinearHead {
         auto row = ws_.scores.row(r);
         if (scaled && seen_keys > 0) row.head(seen_keys).array() *= ws_.weights.transpose().array();
         row.tail(bn - seen_keys).setZero();
-        if (plan_.map.eq19()) {
+        if (params_.map.eq19()) {
           auto den_row = ws_.den_scores.row(r);
           if (scaled && seen_keys > 0) den_row.head(seen_keys).array() *= ws_.weights.transpose().array();
           ws_.den[r] += den_row.head(seen_keys).sum();
@@ -338,7 +221,7 @@ class LinearHead {
   // Output rows of query tokens [a, b): num / g(den), or 0 for a query that
   // sees no key (seen[t] == 0, or all_see false when seen is null).
   void finish(std::size_t a, std::size_t b, const std::vector<unsigned char>* seen, bool all_see) {
-    const std::size_t group = plan_.group;
+    const std::size_t group = params_.group;
     const T delta = static_cast<T>(o_.delta);
     const auto dv = static_cast<Eigen::Index>(v_.head_dim);
     for (std::size_t t = 0; t < b - a; ++t) {
@@ -355,7 +238,7 @@ class LinearHead {
   const View<const T>& v_;
   const View<T>& out_;
   const LinearOptions& o_;
-  const LinearPlan<T>& plan_;
+  const LinearParams<T>& params_;
   const TokenOrder& order_;
   LinearWorkspace<T>& ws_;
   // Tokens per chunk; a chunk option larger than the call is one chunk.
@@ -363,122 +246,52 @@ class LinearHead {
   std::size_t g_ = 0;
 };
 
-inline void check_linear_options(const char* fn, const LinearOptions& o, std::size_t lq, std::size_t lk) {
-  if (o.chunk == 0) fail(fn, "options.chunk", "at least 1", o.chunk);
-  if (o.mask.window != 0) {
-    fail(fn, "options.mask.window", "0: linear attention sums prefixes, which cannot drop old keys", o.mask.window);
-  }
-  if (!(o.delta >= 0.0) || !std::isfinite(o.delta)) fail(fn, "options.delta", "finite and >= 0", o.delta);
-  check_mask_options(fn, o, lq, lk);
-}
-
-// The rotations: pre-phi over d, eq. 19 over exactly m features.
-template <class T>
-FeatureMap<T> check_feature_map(const char* fn, const FavorFeatures* phi, std::size_t input_dim,
-                                const Rotation<T>& pre_phi, const Rotation<T>* feature_rotation, const LinearOptions& o,
-                                std::size_t lq, std::size_t lk) {
-  FeatureMap<T> map;
-  map.phi = phi;
-  if (phi != nullptr && input_dim != phi->head_dim()) {
-    fail(fn, "the head dimension of q and k", {"the feature map's head_dim ", phi->head_dim()}, input_dim);
-  }
-  const std::size_t m = map.features(input_dim);
-  if (m == 0) fail(fn, "the feature dimension m", "at least 1", m);
-  map.pre_phi = pre_phi;
-  map.pre_phi_dim = rotary_width(fn, "pre_phi", pre_phi, input_dim);
-  check_rotation_positions(fn, pre_phi.table, o, lq, lk, true);
-  if (feature_rotation != nullptr) {
-    if (m % 2 != 0) fail(fn, "the feature dimension m", "even for eq. 19 (pairs of features)", m);
-    if (feature_rotation->table == nullptr) fail(fn, "feature_rotation.table", "non-null", nullptr);
-    const std::size_t r = rotary_width(fn, "feature_rotation", *feature_rotation, m);
-    if (r != m) {
-      fail(fn, "feature_rotation.rotary_dim",
-           {"the feature dimension m = ", m, " (build its table with rope::frequencies(m, base))"}, r);
-    }
-    check_rotation_positions(fn, feature_rotation->table, o, lq, lk, true);
-    map.feature_rotation = *feature_rotation;
-    map.feature_rotation.rotary_dim = m;
-    const double af = feature_rotation->table->attention_factor();
-    map.eq19_rescale = static_cast<T>(1.0 / (af * af));
-  }
-  return map;
-}
-
-// The states a causal call carries on: one per key/value head (or none yet),
-// of the call's dimensions, and no query before a key already summed.
-template <class T>
-void check_states(const char* fn, const std::vector<LinearState<T>>& states, std::size_t lq, std::size_t kv_heads,
-                  std::size_t dv, const LinearOptions& o, const LinearPlan<T>& plan) {
-  if (!o.mask.causal)
-    fail(fn, "states", "null unless options.mask.causal (only prefix sums carry over)", "a state vector");
-  if (!o.q_sequence.empty()) {
-    fail(fn, "states", "null with sequence ids (one state per key/value head, not per sequence)", "a state vector");
-  }
-  if (!states.empty() && states.size() != kv_heads) {
-    fail(fn, "states->size()", {"0 or k.heads = ", kv_heads}, states.size());
-  }
-  for (std::size_t g = 0; g < states.size(); ++g) {
-    const LinearState<T>& s = states[g];
-    const std::string name = indexed("states", g);
-    if (s.features() != plan.features) {
-      fail(fn, name + ".features()", {"the feature dimension ", plan.features}, s.features());
-    }
-    if (s.value_dim() != dv) fail(fn, name + ".value_dim()", {"v.head_dim = ", dv}, s.value_dim());
-    for (std::size_t i = 0; i < lq; ++i) {
-      if (plan.visibility.q_position(i) < s.last_position()) {
-        fail(fn, {"the position of query token ", i},
-             {">= the last key position in ", name, " (", s.last_position(), ")"}, plan.visibility.q_position(i));
-      }
-    }
-  }
-}
-
 template <class T>
 void linear_causal(const View<const T>& q, const View<const T>& k, const View<const T>& v, const View<T>& out,
-                   const LinearOptions& o, const LinearPlan<T>& plan, const TokenOrder& order,
+                   const LinearOptions& o, const LinearParams<T>& params, const TokenOrder& order,
                    std::vector<LinearState<T>>* states);
 template <class T>
 void linear_full(const View<const T>& q, const View<const T>& k, const View<const T>& v, const View<T>& out,
-                 const LinearOptions& o, const LinearPlan<T>& plan, const TokenOrder& order);
+                 const LinearOptions& o, const LinearParams<T>& params, const TokenOrder& order);
 
 // The multi-head core, after the views are checked.
 template <class T>
 void linear_heads(const char* fn, const View<const T>& q, const View<const T>& k, const View<const T>& v,
                   const View<T>& out, const LinearOptions& o, FeatureMap<T> map, std::vector<LinearState<T>>* states) {
-  LinearPlan<T> plan;
-  plan.visibility = visibility_of(o);
-  plan.group = q.heads / k.heads;
-  plan.features = map.features(q.head_dim);
-  plan.map = map;
-  if (states != nullptr) check_states(fn, *states, q.tokens, k.heads, v.head_dim, o, plan);
-  const TokenOrder order = order_tokens(plan.visibility, q.tokens, k.tokens);
+  LinearParams<T> params;
+  params.visibility = visibility_of(o);
+  params.group = q.heads / k.heads;
+  params.features = map.features(q.head_dim);
+  params.map = map;
+  if (states != nullptr) check_states(fn, *states, q.tokens, k.heads, v.head_dim, o, params);
+  const TokenOrder order = order_tokens(params.visibility, q.tokens, k.tokens);
   if (o.mask.causal) {
-    linear_causal(q, k, v, out, o, plan, order, states);
+    linear_causal(q, k, v, out, o, params, order, states);
   } else {
-    linear_full(q, k, v, out, o, plan, order);
+    linear_full(q, k, v, out, o, params, order);
   }
 }
 
 // Causal: one prefix sum per key/value head, carried in its LinearState.
 template <class T>
 void linear_causal(const View<const T>& q, const View<const T>& k, const View<const T>& v, const View<T>& out,
-                   const LinearOptions& o, const LinearPlan<T>& plan, const TokenOrder& order,
+                   const LinearOptions& o, const LinearParams<T>& params, const TokenOrder& order,
                    std::vector<LinearState<T>>* states) {
   std::vector<LinearState<T>> local;
   std::vector<LinearState<T>>& sums = states != nullptr ? *states : local;
-  if (sums.empty()) sums.assign(k.heads, LinearState<T>(plan.features, v.head_dim, o.delta));
+  if (sums.empty()) sums.assign(k.heads, LinearState<T>(params.features, v.head_dim, o.delta));
   const std::size_t workers = std::max<std::size_t>(1, std::min(o.threads.shares(), k.heads));
   std::vector<LinearWorkspace<T>> workspaces(workers);
   parallel_for(k.heads, workers, o.threads.executor, [&](std::size_t g, std::size_t w) {
-    LinearHead<T>(q, k, v, out, o, plan, order, workspaces[w]).causal(g, sums[g]);
+    LinearHead<T>(q, k, v, out, o, params, order, workspaces[w]).causal(g, sums[g]);
   });
 }
 
 // Not causal: the sums of each (head, segment), then the queries in blocks.
 template <class T>
 void linear_full(const View<const T>& q, const View<const T>& k, const View<const T>& v, const View<T>& out,
-                 const LinearOptions& o, const LinearPlan<T>& plan, const TokenOrder& order) {
-  const std::size_t m = plan.features, dv = v.head_dim;
+                 const LinearOptions& o, const LinearParams<T>& params, const TokenOrder& order) {
+  const std::size_t m = params.features, dv = v.head_dim;
   const std::size_t workers_wanted = o.threads.shares();
   const std::size_t segments = order.q_segment.size() - 1;
   std::vector<LinearState<T>> sums(k.heads * segments, LinearState<T>(m, dv, o.delta));
@@ -487,7 +300,7 @@ void linear_full(const View<const T>& q, const View<const T>& k, const View<cons
     std::vector<LinearWorkspace<T>> workspaces(workers);
     parallel_for(sums.size(), workers, o.threads.executor, [&](std::size_t item, std::size_t w) {
       const std::size_t g = item / segments, s = item % segments;
-      LinearHead<T>(q, k, v, out, o, plan, order, workspaces[w])
+      LinearHead<T>(q, k, v, out, o, params, order, workspaces[w])
           .sum_keys(g, order.k_segment[s], order.k_segment[s + 1], sums[item]);
     });
   }
@@ -508,7 +321,7 @@ void linear_full(const View<const T>& q, const View<const T>& k, const View<cons
   parallel_for(blocks.size(), workers, o.threads.executor, [&](std::size_t i, std::size_t w) {
     const Block& blk = blocks[i];
     const bool any_keys = order.k_segment[blk.segment + 1] > order.k_segment[blk.segment];
-    LinearHead<T>(q, k, v, out, o, plan, order, workspaces[w])
+    LinearHead<T>(q, k, v, out, o, params, order, workspaces[w])
         .read_queries(blk.g, blk.a, blk.b, sums[blk.g * segments + blk.segment], any_keys);
   });
 }

@@ -48,6 +48,37 @@
 
 namespace rope::attention {
 
+namespace detail {
+
+// Every head and query block of checked views. Work items are (range of
+// key/value heads, block of query tokens), split across threads. An item
+// holds one key/value head, except when K is read in place and a head's
+// tile has few rows (decoding): then the heads are split into one range per
+// thread, so that each thread reads its part of every cached token at once.
+template <class T>
+void softmax_heads(const View<const T>& q, const View<const T>& k, const View<const T>& v, const View<T>& out,
+                   const Rotation<T>& rotation, const SoftmaxParams<T>& params) {
+  if (q.tokens == 0 || q.heads == 0) return;
+  const std::size_t group = q.heads / k.heads;
+  const std::size_t tokens_per_block = std::max<std::size_t>(1, std::min(params.block, q.tokens * group) / group);
+  const std::size_t blocks = (q.tokens + tokens_per_block - 1) / tokens_per_block;
+  const bool together = SoftmaxTile<T>::keys_in_place(rotation, params) &&
+                        std::min(tokens_per_block, q.tokens) * group <= SoftmaxTile<T>::kThinRows;
+  const std::size_t ranges = together ? std::min(k.heads, params.threads) : k.heads;
+  const std::size_t items = ranges * blocks;
+  const std::size_t workers = std::max<std::size_t>(1, std::min(params.threads, items));
+  std::vector<SoftmaxWorkspace<T>> workspaces(workers);
+  parallel_for(items, workers, params.executor, [&](std::size_t item, std::size_t w) {
+    const std::size_t range = item / blocks, b = item % blocks;
+    const std::size_t g0 = k.heads * range / ranges, g1 = k.heads * (range + 1) / ranges;
+    const std::size_t t0 = b * tokens_per_block;
+    SoftmaxTile<T>(q, k, v, out, rotation, params, workspaces[w])
+        .run(g0, g1, t0, std::min(q.tokens, t0 + tokens_per_block));
+  });
+}
+
+}  // namespace detail
+
 // SoftmaxOptions: call_options.hpp.
 
 // One batch x head: q (Lq x d), k (Lk x d), v (Lk x dv) -> Lq x dv.
@@ -64,7 +95,7 @@ Matrix<typename DQ::Scalar> softmax(const Eigen::MatrixBase<DQ>& q, const Eigen:
   if (kr.cols() != qr.cols()) detail::fail(fn, "k.cols() (the head dimension)", {"q.cols() = ", qr.cols()}, kr.cols());
   if (qr.cols() == 0) detail::fail(fn, "q.cols() (the head dimension)", "at least 1", qr.cols());
   if (vr.rows() != kr.rows()) detail::fail(fn, "v.rows()", {"k.rows() = ", kr.rows()}, vr.rows());
-  const auto plan =
+  const auto params =
       detail::check_softmax<T>(fn, static_cast<std::size_t>(qr.rows()), static_cast<std::size_t>(kr.rows()),
                                static_cast<std::size_t>(qr.cols()), 1, rotation, options);
   Matrix<T> out(qr.rows(), vr.cols());
@@ -75,7 +106,7 @@ Matrix<typename DQ::Scalar> softmax(const Eigen::MatrixBase<DQ>& q, const Eigen:
     return out;
   }
   detail::softmax_heads<T>(detail::matrix_view(qr), detail::matrix_view(kr), detail::matrix_view(vr), out_view,
-                           rotation, plan);
+                           rotation, params);
   return out;
 }
 
@@ -89,14 +120,14 @@ void softmax(rope::detail::type_identity_t<View<const T>> q, rope::detail::type_
   detail::check_scalar<T>();
   const char* fn = "rope::attention::softmax";
   detail::check_heads(fn, q, k, v, out);
-  const auto plan = detail::check_softmax<T>(fn, q.tokens, k.tokens, q.head_dim, q.heads, rotation, options);
+  const auto params = detail::check_softmax<T>(fn, q.tokens, k.tokens, q.head_dim, q.heads, rotation, options);
   if (k.tokens == 0) {
     for (std::size_t t = 0; t < out.tokens; ++t) {
       for (std::size_t h = 0; h < out.heads; ++h) std::fill_n(out.row(t, h), out.head_dim, T(0));
     }
     return;
   }
-  detail::softmax_heads<T>(q, k, v, out, rotation, plan);
+  detail::softmax_heads<T>(q, k, v, out, rotation, params);
 }
 
 }  // namespace rope::attention

@@ -1,18 +1,9 @@
-// rope/attention/softmax_tile.hpp — the machinery of softmax attention
-// (softmax.hpp): the checked plan of a call, the online-softmax tile of a
-// block of query rows against blocks of keys, and the split of heads and
-// query blocks across threads.
-//
-// A tile of `block` query rows by `block` keys at a time, each product one
-// Eigen GEMM, with a running max and running sum per row; memory
-// O(block^2 + L d) per thread. With grouped-query heads the query heads that
-// share a key/value head are stacked into one tile, so each K and V row is
-// read once per group, and K is rotated once per key/value head. A decode
-// step (a few rows per head) runs row by row on the kernel layer's
-// thin products (kernels/dense_dot.hpp) instead of GEMMs. When the
-// keys are sorted by (sequence, position) each query sees one contiguous
-// range of keys: tiles are cut at the ranges' ends, so masked work stays
-// below one tile width per row.
+// rope/attention/softmax_tile.hpp — the online-softmax tile of softmax.hpp:
+// a block of query rows (a key/value head's group of query heads, stacked)
+// against blocks of keys, each product one Eigen GEMM with a running max
+// and sum per row, or for a few rows per head (a decode step) the thin
+// products of kernels/dense_dot.hpp. Sorted keys cut tiles at each query's
+// visible range, so masked work stays below one tile width per row.
 #pragma once
 
 #include <algorithm>
@@ -35,6 +26,7 @@
 #include "logits.hpp"
 #include "masks.hpp"
 #include "matrix_ops.hpp"
+#include "softmax_params.hpp"
 #include "types.hpp"
 
 namespace rope::attention {
@@ -42,72 +34,6 @@ namespace rope::attention {
 namespace detail {
 
 using rope::detail::parallel_for;
-
-// What a checked softmax call computes: everything the tiles read besides
-// the views, derived once from the options, so that no caller's options are
-// rewritten on the way.
-template <class T>
-struct SoftmaxPlan {
-  std::size_t rotary_dim = 0;
-  LogitParams<T> logits;  // scale, softcap, sinks: the one check of logits.hpp
-  Visibility visibility;
-  bool sorted = true;
-  bool keys_rotated = false;  // K read as stored (a cache of rotated keys)
-  std::size_t block = 256;
-  std::size_t threads = 1;  // shares: options.threads' count or its executor's workers
-  Executor executor;
-};
-
-// Every argument of a softmax call, for Lq queries and Lk keys of head
-// dimension d and `heads` query heads; throws before anything is written.
-template <class T>
-SoftmaxPlan<T> check_softmax(const char* fn, std::size_t lq, std::size_t lk, std::size_t d, std::size_t heads,
-                             const Rotation<T>& rotation, const SoftmaxOptions& o) {
-  check_mask_options(fn, o, lq, lk);
-  if (o.block == 0) fail(fn, "options.block", "at least 1", o.block);
-  SoftmaxPlan<T> plan;
-  plan.rotary_dim = rotary_width(fn, "rotation", rotation, d);
-  plan.logits = check_logits<T>(fn, "options.logits", o.logits, heads, d);
-  plan.keys_rotated = o.keys_rotated;
-  plan.block = o.block;
-  plan.threads = o.threads.shares();
-  plan.executor = o.threads.executor;
-  check_rotation_positions(fn, rotation.table, o, lq, lk, !o.keys_rotated);
-  plan.visibility = visibility_of(o);
-  plan.sorted = plan.visibility.keys_sorted(lk);
-  return plan;
-}
-
-// The running state of one key/value head's query rows in a tile.
-template <class T>
-struct HeadRows {
-  Matrix<T> q;    // rows x d: the group's queries, rotated and scaled
-  Matrix<T> acc;  // rows x dv
-  Vector<T> row_max, row_sum;
-};
-
-// Rows [r0, r0 + rows) of a tile against its keys [c0, c0 + cols).
-struct TilePiece {
-  Eigen::Index r0, rows, c0, cols;
-};
-
-// The buffers one thread reuses for every tile it computes (allocated once
-// per call, before any thread starts).
-template <class T>
-struct SoftmaxWorkspace {
-  std::vector<HeadRows<T>> heads;  // one per key/value head of the item
-  Matrix<T> scores;                // rows x block: scores (row by row), or a GEMM tile's weights
-  Vector<T> zeroed;                // a GEMM tile's scores; all zeros between tiles
-  std::vector<ConstRowsMap<T>> key_maps;
-  Matrix<T> keys;  // Lk x d: the rotated keys of one key/value head
-  std::size_t keys_of_head = static_cast<std::size_t>(-1);
-  Matrix<T> values;  // Lk x dv: the values of one key/value head, contiguous
-  std::size_t values_of_head = static_cast<std::size_t>(-1);
-  std::vector<std::size_t> values_bad;  // Lk + 1: rows of `values` before j with a value not finite
-  std::vector<std::size_t> lo, hi;      // each token's visible key range (sorted keys)
-  std::vector<unsigned char> seen;      // per token: some key was visible
-  std::vector<TilePiece> pieces;        // the GEMMs of the current tile
-};
 
 // One work item: query tokens [t0, t1) of key/value heads [g0, g1). The
 // `group` query heads of a key/value head are stacked token-major (row =
@@ -119,8 +45,8 @@ template <class T>
 class SoftmaxTile {
  public:
   SoftmaxTile(const View<const T>& q, const View<const T>& k, const View<const T>& v, const View<T>& out,
-              const Rotation<T>& rotation, const SoftmaxPlan<T>& plan, SoftmaxWorkspace<T>& ws)
-      : q_(q), k_(k), v_(v), out_(out), rotation_(rotation), plan_(plan), ws_(ws) {}
+              const Rotation<T>& rotation, const SoftmaxParams<T>& params, SoftmaxWorkspace<T>& ws)
+      : q_(q), k_(k), v_(v), out_(out), rotation_(rotation), params_(params), ws_(ws) {}
 
   void run(std::size_t g0, std::size_t g1, std::size_t t0, std::size_t t1) {
     group_ = q_.heads / k_.heads;
@@ -140,15 +66,15 @@ class SoftmaxTile {
     const std::size_t lk = k_.tokens;
     thin_ = static_cast<std::size_t>(rows) <= kThinRows;
     const std::size_t bk =
-        std::min(thin_ ? std::min(plan_.block, kThinBlock) : plan_.block, std::max<std::size_t>(lk, 1));
-    if (!plan_.visibility.masks()) {
+        std::min(thin_ ? std::min(params_.block, kThinBlock) : params_.block, std::max<std::size_t>(lk, 1));
+    if (!params_.visibility.masks()) {
       sweep(0, lk, bk, false);
       std::fill(ws_.seen.begin(), ws_.seen.end(), lk > 0 ? 1 : 0);
-    } else if (plan_.sorted) {
+    } else if (params_.sorted) {
       sweep_sorted(lk, bk);
     } else {
       for (std::size_t t = 0; t < tokens_; ++t) {
-        for (std::size_t j = 0; j < lk && !ws_.seen[t]; ++j) ws_.seen[t] = plan_.visibility.visible(t0_ + t, j);
+        for (std::size_t j = 0; j < lk && !ws_.seen[t]; ++j) ws_.seen[t] = params_.visibility.visible(t0_ + t, j);
       }
       sweep(0, lk, bk, true);
     }
@@ -156,8 +82,8 @@ class SoftmaxTile {
   }
 
   // Whether K is read in place (not rotated into the workspace first).
-  static bool keys_in_place(const Rotation<T>& rotation, const SoftmaxPlan<T>& plan) {
-    return rotation.table == nullptr || plan.rotary_dim == 0 || plan.keys_rotated;
+  static bool keys_in_place(const Rotation<T>& rotation, const SoftmaxParams<T>& params) {
+    return rotation.table == nullptr || params.rotary_dim == 0 || params.keys_rotated;
   }
   // Query rows per head up to which a tile is computed row by row rather
   // than by GEMM, and how many tokens ahead that pass prefetches.
@@ -178,7 +104,7 @@ class SoftmaxTile {
     ws_.hi.resize(tokens_);
     std::size_t min_lo = lk, max_lo = 0, min_hi = lk, max_hi = 0;
     for (std::size_t t = 0; t < tokens_; ++t) {
-      plan_.visibility.range(t0_ + t, lk, ws_.lo[t], ws_.hi[t]);
+      params_.visibility.range(t0_ + t, lk, ws_.lo[t], ws_.hi[t]);
       if (ws_.lo[t] >= ws_.hi[t]) continue;
       ws_.seen[t] = 1;
       min_lo = std::min(min_lo, ws_.lo[t]);
@@ -216,9 +142,9 @@ class SoftmaxTile {
     const auto rows = static_cast<Eigen::Index>(tokens_ * group_);
     head.row_max.setConstant(rows, neg_inf);
     head.row_sum.setZero(rows);
-    if (plan_.logits.sinks == nullptr) return;
+    if (params_.logits.sinks == nullptr) return;
     for (Eigen::Index r = 0; r < rows; ++r) {
-      const T sink = plan_.logits.sink(g * group_ + static_cast<std::size_t>(r) % group_);
+      const T sink = params_.logits.sink(g * group_ + static_cast<std::size_t>(r) % group_);
       if (sink == neg_inf) continue;
       head.row_max[r] = sink;
       head.row_sum[r] = T(1);
@@ -235,10 +161,10 @@ class SoftmaxTile {
                     static_cast<std::size_t>(d) * sizeof(T));
       }
       T* first = head.q.row(static_cast<Eigen::Index>(t * group_)).data();
-      rotate_at(rotation_, plan_.rotary_dim, static_cast<std::size_t>(plan_.visibility.q_position(t0_ + t)), first,
+      rotate_at(rotation_, params_.rotary_dim, static_cast<std::size_t>(params_.visibility.q_position(t0_ + t)), first,
                 first, d, group_, static_cast<std::size_t>(d));
     }
-    head.q *= plan_.logits.scale;  // one pass over Q instead of one over every score tile
+    head.q *= params_.logits.scale;  // one pass over Q instead of one over every score tile
   }
 
   // K of head g: rotated once into the workspace (an item of one head), or
@@ -246,15 +172,15 @@ class SoftmaxTile {
   ConstRowsMap<T> keys_of(std::size_t g, std::size_t j0, std::size_t n) {
     const std::size_t lk = k_.tokens;
     const auto d = static_cast<Eigen::Index>(k_.head_dim);
-    if (keys_in_place(rotation_, plan_)) {
+    if (keys_in_place(rotation_, params_)) {
       const Eigen::Index stride = lk > 1 ? static_cast<Eigen::Index>(k_.token_stride) : d;
       return ConstRowsMap<T>(k_.row(j0, g), static_cast<Eigen::Index>(n), d, Eigen::OuterStride<>(stride));
     }
     if (ws_.keys_of_head != g) {
       ws_.keys.resize(static_cast<Eigen::Index>(lk), d);
       for (std::size_t j = 0; j < lk; ++j) {
-        rotate_at(rotation_, plan_.rotary_dim, static_cast<std::size_t>(plan_.visibility.k_position(j)), k_.row(j, g),
-                  ws_.keys.row(static_cast<Eigen::Index>(j)).data(), 0, 1, static_cast<std::size_t>(d));
+        rotate_at(rotation_, params_.rotary_dim, static_cast<std::size_t>(params_.visibility.k_position(j)),
+                  k_.row(j, g), ws_.keys.row(static_cast<Eigen::Index>(j)).data(), 0, 1, static_cast<std::size_t>(d));
       }
       ws_.keys_of_head = g;
     }
@@ -310,8 +236,8 @@ class SoftmaxTile {
   }
 
   bool visible(std::size_t t, std::size_t j) const noexcept {
-    if (plan_.sorted) return j >= ws_.lo[t] && j < ws_.hi[t];
-    return plan_.visibility.visible(t0_ + t, j);
+    if (params_.sorted) return j >= ws_.lo[t] && j < ws_.hi[t];
+    return params_.visibility.visible(t0_ + t, j);
   }
   bool any_visible(std::size_t j0, std::size_t n) const noexcept {
     for (std::size_t t = 0; t < tokens_; ++t) {
@@ -360,7 +286,7 @@ class SoftmaxTile {
   void cut_pieces(std::size_t j0, std::size_t n, bool partial) {
     ws_.pieces.clear();
     const auto bn = static_cast<Eigen::Index>(n);
-    if (!partial || !plan_.sorted) {
+    if (!partial || !params_.sorted) {
       ws_.pieces.push_back({0, static_cast<Eigen::Index>(tokens_ * group_), 0, bn});
       return;
     }
@@ -438,8 +364,8 @@ class SoftmaxTile {
               bool partial) {
     const T neg_inf = -std::numeric_limits<T>::infinity();
     const bool clear = p.data() != s.data();
-    if (plan_.logits.softcap > T(0)) {
-      const T cap = plan_.logits.softcap;
+    if (params_.logits.softcap > T(0)) {
+      const T cap = params_.logits.softcap;
       s = ((s.array() / cap).tanh() * cap).matrix();
     }
     if (partial) mask(s, j0, n, neg_inf);
@@ -495,7 +421,7 @@ class SoftmaxTile {
   // Zeroes the weights of the keys token t does not see.
   template <class Row>
   void mask_row(Row& row, std::size_t t, std::size_t j0, std::size_t n) const {
-    if (plan_.sorted) {
+    if (params_.sorted) {
       // The token's visible range within [j0, j0 + n): zero what is outside.
       std::size_t lo, hi;
       visible_span(t, j0, n, lo, hi);
@@ -510,7 +436,7 @@ class SoftmaxTile {
 
   // Sets the entries of masked keys to `value`.
   void mask(Eigen::Ref<Matrix<T>> s, std::size_t j0, std::size_t n, T value) const {
-    if (plan_.sorted) {
+    if (params_.sorted) {
       // Each token's rows outside its visible range within [j0, j0 + n).
       for (std::size_t t = 0; t < tokens_; ++t) {
         std::size_t lo, hi;
@@ -539,7 +465,7 @@ class SoftmaxTile {
   void prefetch_token(std::size_t j, bool keys) const noexcept {
     if (j >= k_.tokens) return;
     const View<const T>& x = keys ? k_ : v_;
-    if (keys && !keys_in_place(rotation_, plan_)) return;
+    if (keys && !keys_in_place(rotation_, params_)) return;
     const std::size_t heads = ws_.heads.size();
     if (x.head_stride == x.head_dim) {
       rope::detail::prefetch(x.row(j, g0_), heads * x.head_dim * sizeof(T));
@@ -561,38 +487,11 @@ class SoftmaxTile {
   const View<const T>& v_;
   const View<T>& out_;
   const Rotation<T>& rotation_;
-  const SoftmaxPlan<T>& plan_;
+  const SoftmaxParams<T>& params_;
   SoftmaxWorkspace<T>& ws_;
   std::size_t group_ = 1, g0_ = 0, t0_ = 0, tokens_ = 0;
   bool thin_ = false;
 };
-
-// Every head and query block of checked views. Work items are (range of
-// key/value heads, block of query tokens), split across threads. An item
-// holds one key/value head, except when K is read in place and a head's
-// tile has few rows (decoding): then the heads are split into one range per
-// thread, so that each thread reads its part of every cached token at once.
-template <class T>
-void softmax_heads(const View<const T>& q, const View<const T>& k, const View<const T>& v, const View<T>& out,
-                   const Rotation<T>& rotation, const SoftmaxPlan<T>& plan) {
-  if (q.tokens == 0 || q.heads == 0) return;
-  const std::size_t group = q.heads / k.heads;
-  const std::size_t tokens_per_block = std::max<std::size_t>(1, std::min(plan.block, q.tokens * group) / group);
-  const std::size_t blocks = (q.tokens + tokens_per_block - 1) / tokens_per_block;
-  const bool together = SoftmaxTile<T>::keys_in_place(rotation, plan) &&
-                        std::min(tokens_per_block, q.tokens) * group <= SoftmaxTile<T>::kThinRows;
-  const std::size_t ranges = together ? std::min(k.heads, plan.threads) : k.heads;
-  const std::size_t items = ranges * blocks;
-  const std::size_t workers = std::max<std::size_t>(1, std::min(plan.threads, items));
-  std::vector<SoftmaxWorkspace<T>> workspaces(workers);
-  parallel_for(items, workers, plan.executor, [&](std::size_t item, std::size_t w) {
-    const std::size_t range = item / blocks, b = item % blocks;
-    const std::size_t g0 = k.heads * range / ranges, g1 = k.heads * (range + 1) / ranges;
-    const std::size_t t0 = b * tokens_per_block;
-    SoftmaxTile<T>(q, k, v, out, rotation, plan, workspaces[w])
-        .run(g0, g1, t0, std::min(q.tokens, t0 + tokens_per_block));
-  });
-}
 
 }  // namespace detail
 }  // namespace rope::attention
