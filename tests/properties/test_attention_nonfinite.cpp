@@ -1,11 +1,14 @@
 // Non-finite values inside attention: a NaN or Inf in a key or value row
 // reaches only the outputs of the queries that see it, and a NaN row of
-// scores stays NaN (never a zero row).
+// scores stays NaN (never a zero row). The one-head and multi-head calls,
+// linear attention, and one sequence's steps over its contiguous cache
+// (plan, append, attend).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -18,6 +21,7 @@
 
 #include "attention_heads.hpp"
 #include "attention_oracle.hpp"
+#include "kv_elements.hpp"
 #include "support.hpp"
 
 namespace {
@@ -53,10 +57,11 @@ TEST(AttentionNonFinite, FutureNonFiniteRowsNeverReachEarlierSoftmaxOutputs) {
     if (which == 1) k_bad(bad, 2) = kInf;
     for (const std::size_t block : {std::size_t{1}, std::size_t{4}, std::size_t{16}, std::size_t{23}}) {
       ra::SoftmaxOptions o;
-      o.causal = true;
+      o.mask.causal = true;
       o.block = block;
-      const Matrix<double> clean = ra::softmax(q, k, v, Rotation<double>{&table}, o);
-      const Matrix<double> got = ra::softmax(q, k_bad, v_bad, Rotation<double>{&table}, o);
+      const Rotation<double> rotation{&table, Style::rotate_half};
+      const Matrix<double> clean = ra::softmax(q, k, v, rotation, o);
+      const Matrix<double> got = ra::softmax(q, k_bad, v_bad, rotation, o);
       EXPECT_TRUE(all_finite(got.topRows(bad))) << "block " << block << " bad " << which;
       EXPECT_LE(at::relative_error(got.topRows(bad), clean.topRows(bad)), 1e-12) << "block " << block;
       for (std::size_t i = bad; i < l && which == 0; ++i) {
@@ -64,7 +69,7 @@ TEST(AttentionNonFinite, FutureNonFiniteRowsNeverReachEarlierSoftmaxOutputs) {
       }
       // The same through the views, with a sliding window that hides the bad
       // row again from the queries more than 3 positions after it.
-      o.window = 3;
+      o.mask.window = 3;
       Heads<double> qh(l, 2, d, 0), kh(l, 1, d, 0), vh(l, 1, dv, 0), out(l, 2, dv, 0);
       for (std::size_t t = 0; t < l; ++t) {
         for (std::size_t c = 0; c < d; ++c) {
@@ -73,7 +78,7 @@ TEST(AttentionNonFinite, FutureNonFiniteRowsNeverReachEarlierSoftmaxOutputs) {
         }
         for (std::size_t c = 0; c < dv; ++c) vh.at(t, 0, c) = v_bad(Eigen::Index(t), Eigen::Index(c));
       }
-      ra::softmax<double>(qh.view(), kh.view(), vh.view(), out.view(), Rotation<double>{&table}, o);
+      ra::softmax<double>(qh.view(), kh.view(), vh.view(), out.view(), rotation, o);
       for (std::size_t t = 0; t < l; ++t) {
         const bool sees_bad = t >= bad && t < bad + 3;
         const bool nan = std::isnan(out.at(t, 1, 0)) || std::isnan(out.at(t, 1, 1)) || std::isnan(out.at(t, 1, 2)) ||
@@ -106,12 +111,13 @@ TEST(AttentionNonFinite, FutureNonFiniteRowsNeverReachEarlierLinearOutputs) {
     }
     for (const std::size_t chunk : {std::size_t{1}, std::size_t{5}, std::size_t{8}, std::size_t{21}}) {
       ra::LinearOptions o;
-      o.causal = true;
+      o.mask.causal = true;
       o.chunk = chunk;
+      const Rotation<double> rotation{&feature_table, Style::rotate_half};
       const Matrix<double> clean[] = {ra::linear(fq, fk, v, o), ra::linear(q, k, v, phi, o),
-                                      ra::linear_eq19(q, k, v, phi, Rotation<double>{&feature_table}, o)};
+                                      ra::linear_eq19(q, k, v, phi, rotation, o)};
       const Matrix<double> got[] = {ra::linear(fq, fk_bad, v_bad, o), ra::linear(q, k_bad, v_bad, phi, o),
-                                    ra::linear_eq19(q, k_bad, v_bad, phi, Rotation<double>{&feature_table}, o)};
+                                    ra::linear_eq19(q, k_bad, v_bad, phi, rotation, o)};
       for (int i = 0; i < 3; ++i) {
         EXPECT_TRUE(all_finite(got[i].topRows(bad))) << "call " << i << " chunk " << chunk << " bad " << which;
         EXPECT_LE(at::relative_error(got[i].topRows(bad), clean[i].topRows(bad)), 1e-12) << "call " << i;
@@ -132,7 +138,7 @@ TEST(AttentionNonFinite, SoftmaxNaNRowsStayNaN) {
   q(4, 0) = kNaN;
   k(6, 1) = kNaN;
   ra::SoftmaxOptions o;
-  o.causal = true;
+  o.mask.causal = true;
   o.block = 3;
   o.q_positions = {0, 1, 2, 3, 4, 5, 6, 7, -1};  // the last query precedes every key
   o.k_positions = {0, 1, 2, 3, 4, 5, 6, 7, 8};
@@ -143,6 +149,72 @@ TEST(AttentionNonFinite, SoftmaxNaNRowsStayNaN) {
   }
   EXPECT_EQ(out(8, 0), 0.0);
   EXPECT_EQ(out(8, 1), 0.0);
+}
+
+// One sequence's steps over its contiguous cache (the one-sequence plan,
+// append with RoPE, attend; kv_split 4, so decode tokens split): a NaN
+// value or an infinite key at token `bad` leaves every earlier row the
+// bytes of the clean run, and with a window of 3 every row past the window
+// too; the rows that see a NaN value are NaN. The cache of every element
+// type.
+template <class E>
+void check_contiguous_steps() {
+  const std::size_t l = 23, hq = 2, hk = 1, d = 8, dv = 4, bad = 13;
+  const rope::Table<float> table(rope::frequencies(d, 10000.0), 32);
+  const Heads<float> q(l, hq, d, 10), k(l, hk, d, 11), v(l, hk, dv, 12);
+  for (const int which : {0, 1}) {  // 0: NaN in v, 1: Inf in k
+    Heads<float> k_bad = k, v_bad = v;
+    if (which == 0) v_bad.at(bad, 0, 1) = std::numeric_limits<float>::quiet_NaN();
+    if (which == 1) k_bad.at(bad, 0, 2) = std::numeric_limits<float>::infinity();
+    for (const std::size_t window : {std::size_t{0}, std::size_t{3}}) {
+      auto run = [&](const Heads<float>& keys, const Heads<float>& values) {
+        std::vector<E> kc(l * hk * d), vc(l * hk * dv);
+        std::vector<float> ks(l * hk), vs(l * hk);
+        const bool scaled = rope::KvElement<E>::kScaled;
+        const auto cache = ra::PagedCache<E>::contiguous(rope::View<E>::token_major(kc.data(), l, hk, d),
+                                                         rope::View<E>::token_major(vc.data(), l, hk, dv),
+                                                         scaled ? ks.data() : nullptr, scaled ? vs.data() : nullptr);
+        ra::Shape shape = ra::Shape::of(cache, hq);
+        shape.kv_split = 4;
+        ra::AppendOptions ao;
+        ao.rotation = {&table, Style::rotate_half};
+        ra::Mask mask;
+        mask.window = window;
+        Heads<float> out(l, hq, dv, 0), q_rot(l, hq, d, 0);
+        ra::Plan plan;
+        std::size_t t = 0;
+        for (const std::size_t n : {std::size_t{10}, std::size_t{1}, std::size_t{5}, std::size_t{1}, std::size_t{6}}) {
+          ra::plan(plan, shape, t, n);
+          const auto q_out = q_rot.view().slice_tokens(t, n);
+          ra::append(plan, cache, q.view().slice_tokens(t, n), keys.view().slice_tokens(t, n),
+                     values.view().slice_tokens(t, n), q_out, ao);
+          ra::attend(plan, cache, rope::View<const float>(q_out), out.view().slice_tokens(t, n), ra::Logits{}, mask);
+          t += n;
+        }
+        return out;
+      };
+      const Heads<float> clean = run(k, v), got = run(k_bad, v_bad);
+      for (std::size_t t = 0; t < l; ++t) {
+        const bool sees_bad = t >= bad && (window == 0 || t < bad + window);
+        for (std::size_t h = 0; h < hq; ++h) {
+          const std::string what = std::string(rope_test::element_name<E>()) + " bad " + std::to_string(which) +
+                                   " window " + std::to_string(window) + " token " + std::to_string(t) + " head " +
+                                   std::to_string(h);
+          bool nan = false;
+          for (std::size_t c = 0; c < dv; ++c) nan = nan || std::isnan(got.at(t, h, c));
+          if (!sees_bad) {
+            EXPECT_EQ(std::memcmp(got.view().row(t, h), clean.view().row(t, h), dv * sizeof(float)), 0) << what;
+          } else if (which == 0) {
+            EXPECT_TRUE(nan) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionNonFinite, FutureNonFiniteRowsNeverReachEarlierStepsOverAContiguousCache) {
+  rope_test::for_each_element([](auto e) { check_contiguous_steps<decltype(e)>(); });
 }
 
 }  // namespace

@@ -1,7 +1,11 @@
 // The attention module's threads: every call gives the same bits for any
 // thread count, and with the caller's executor for any worker count,
 // because each work item is computed the same way whichever thread takes it
-// (detail::parallel_for). Run under ThreadSanitizer too.
+// (detail::parallel_for). The one-head and multi-head calls take their
+// threads in options.threads; the serving path (plan, append, attend) in
+// the plan's threads: a step of one sequence over its contiguous cache
+// (PagedCache::contiguous, the one-sequence plan) and a batch over a paged
+// one. Run under ThreadSanitizer too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -43,7 +47,7 @@ TEST(AttentionThreads, SoftmaxBitIdenticalForAnyThreadCount) {
   const Heads<float> q(l, hq, d, 41), k(l, hk, d, 42), v(l, hk, dv, 43);
   for (const std::size_t tokens : {l, std::size_t{1}}) {
     ra::SoftmaxOptions o;
-    o.causal = true;
+    o.mask.causal = true;
     o.block = 16;
     o.q_offset = static_cast<std::int64_t>(l - tokens);
     const auto qv = q.view().slice_tokens(l - tokens, tokens);
@@ -63,7 +67,7 @@ TEST(AttentionThreads, LinearBitIdenticalForAnyThreadCount) {
   const auto& [table, feature_table, q, k, v, phi] = c;
   for (const bool causal : {false, true}) {
     ra::LinearOptions o;
-    o.causal = causal;
+    o.mask.causal = causal;
     o.chunk = 6;
     Heads<float> one(c.l, c.hq, c.dv, 0);
     ra::linear_eq19<float>(q.view(), k.view(), v.view(), one.view(), phi, {&feature_table, Style::rotate_half}, o);
@@ -77,19 +81,20 @@ TEST(AttentionThreads, LinearBitIdenticalForAnyThreadCount) {
 }
 
 // The same bytes from rope's threads, a pool's executor and one that runs
-// the shares backwards on the caller, for each worker count.
+// the shares backwards on the caller, for each worker count. call(out,
+// threads) takes its threads as rope::Threads: a count or an executor.
 template <class Call>
 void expect_same_bytes_with_executors(std::size_t size, Call call, const std::string& what) {
   std::vector<float> one(size, -7.0f);
-  call(one, 1, rope::Executor{});
+  call(one, rope::Threads(1));
   rope_test::ThreadPool pool(3);
   for (const std::size_t workers : {2, 3, 7}) {
     std::vector<float> threads(size, -7.0f), pooled(size, -7.0f), reversed(size, -7.0f);
-    call(threads, workers, rope::Executor{});
+    call(threads, rope::Threads(workers));
     const std::size_t before = pool.tasks_run();
-    call(pooled, 1, pool.executor(workers));
+    call(pooled, rope::Threads(pool.executor(workers)));
     rope_test::ReverseExecutor backwards;
-    call(reversed, 1, backwards.executor(workers));
+    call(reversed, rope::Threads(backwards.executor(workers)));
     EXPECT_TRUE(at::same_bytes(one, threads)) << what << " threads " << workers;
     EXPECT_TRUE(at::same_bytes(one, pooled)) << what << " pool " << workers;
     EXPECT_TRUE(at::same_bytes(one, reversed)) << what << " reversed " << workers;
@@ -109,21 +114,20 @@ TEST(AttentionThreads, SoftmaxExecutorGivesTheSameBytes) {
   for (const std::size_t tokens : {l, std::size_t{2}, std::size_t{1}}) {
     for (const bool keys_rotated : {false, true}) {
       ra::SoftmaxOptions o;
-      o.causal = true;
-      o.window = 17;
+      o.mask.causal = true;
+      o.mask.window = 17;
       o.block = 16;
       o.keys_rotated = keys_rotated;
       o.q_offset = static_cast<std::int64_t>(l - tokens);
       o.q_sequence.assign(seq.end() - static_cast<std::ptrdiff_t>(tokens), seq.end());
       o.k_sequence = seq;
-      o.softcap = 3.0;
-      o.sinks = {0.5, -1.0, 1.0, 0.0, 2.0, -0.5, 0.25, -HUGE_VAL};
+      o.logits.softcap = 3.0;
+      o.logits.sinks = {0.5, -1.0, 1.0, 0.0, 2.0, -0.5, 0.25, -HUGE_VAL};
       const auto qv = q.view().slice_tokens(l - tokens, tokens);
       expect_same_bytes_with_executors(
           tokens * hq * dv,
-          [&](std::vector<float>& out, std::size_t threads, const rope::Executor& e) {
+          [&](std::vector<float>& out, const rope::Threads& threads) {
             o.threads = threads;
-            o.executor = e;
             ra::softmax<float>(qv, k.view(), v.view(), View<float>::token_major(out.data(), tokens, hq, dv),
                                {&table, Style::rotate_half}, o);
           },
@@ -132,30 +136,36 @@ TEST(AttentionThreads, SoftmaxExecutorGivesTheSameBytes) {
   }
 }
 
-// softmax_step: a prefill chunk, then decode steps, into a cache.
-TEST(AttentionThreads, SoftmaxStepExecutorGivesTheSameBytes) {
+// One sequence's steps over its contiguous cache (the one-sequence plan,
+// append, attend): a prefill chunk, then decode steps.
+TEST(AttentionThreads, ContiguousStepsExecutorGivesTheSameBytes) {
   const std::size_t l = 30, hq = 8, hk = 4, d = 16, dv = 8;
   const rope::Table<float> table(rope::frequencies(d, 10000.0), 64);
   const Heads<float> q(l, hq, d, 151), k(l, hk, d, 152), v(l, hk, dv, 153);
   expect_same_bytes_with_executors(
       l * hq * dv,
-      [&](std::vector<float>& out, std::size_t threads, const rope::Executor& e) {
-        ra::SoftmaxOptions o;
-        o.causal = true;
-        o.block = 8;
-        o.threads = threads;
-        o.executor = e;
-        o.sinks.assign(hq, 0.5);
+      [&](std::vector<float>& out, const rope::Threads& threads) {
+        ra::Logits logits;
+        logits.sinks.assign(hq, 0.5);
         Heads<float> k_cache = Heads<float>::filled(l, hk, d, 0.0f), v_cache = Heads<float>::filled(l, hk, dv, 0.0f);
-        ra::KvCache<float> cache{k_cache.view(), v_cache.view(), 0};
+        const auto cache = ra::PagedCache<float>::contiguous(k_cache.view(), v_cache.view());
+        const ra::Shape shape = ra::Shape::of(cache, hq);
+        ra::AppendOptions ao;
+        ao.rotation = {&table, Style::rotate_half};
         const auto out_view = View<float>::token_major(out.data(), l, hq, dv);
+        Heads<float> q_rot(l, hq, d, 0);
+        ra::Plan plan;
+        std::size_t t = 0;
         for (const std::size_t n : {std::size_t{20}, std::size_t{1}, std::size_t{1}, std::size_t{8}}) {
-          const std::size_t t = cache.length;
-          ra::softmax_step<float>(q.view().slice_tokens(t, n), k.view().slice_tokens(t, n), v.view().slice_tokens(t, n),
-                                  cache, out_view.slice_tokens(t, n), {&table, Style::rotate_half}, o);
+          ra::plan(plan, shape, t, n, threads);
+          const auto q_out = q_rot.view().slice_tokens(t, n);
+          ra::append(plan, cache, q.view().slice_tokens(t, n), k.view().slice_tokens(t, n), v.view().slice_tokens(t, n),
+                     q_out, ao);
+          ra::attend(plan, cache, View<const float>(q_out), out_view.slice_tokens(t, n), logits);
+          t += n;
         }
       },
-      "softmax_step");
+      "contiguous steps");
 }
 
 // Linear attention in eq. 19 form: not causal, and causal with states
@@ -168,12 +178,11 @@ TEST(AttentionThreads, LinearExecutorGivesTheSameBytes) {
   for (const bool causal : {false, true}) {
     expect_same_bytes_with_executors(
         c.l * c.hq * c.dv,
-        [&](std::vector<float>& out, std::size_t threads, const rope::Executor& e) {
+        [&](std::vector<float>& out, const rope::Threads& threads) {
           ra::LinearOptions o;
-          o.causal = causal;
+          o.mask.causal = causal;
           o.chunk = 6;
           o.threads = threads;
-          o.executor = e;
           const auto out_view = View<float>::token_major(out.data(), c.l, c.hq, c.dv);
           if (!causal) {
             ra::linear_eq19<float>(q.view(), k.view(), v.view(), out_view, phi, rotation, o);
@@ -193,32 +202,35 @@ TEST(AttentionThreads, LinearExecutorGivesTheSameBytes) {
 }
 
 // An executor set with no workers is refused by name, before anything is
-// written, by every attention call.
+// written, by every attention call: the one-head and multi-head calls in
+// their options, the serving path in plan() (and a refused plan leaves
+// nothing for append or attend to run).
 TEST(AttentionThreads, ExecutorWithoutWorkersIsRefusedAndWritesNothing) {
   const std::size_t l = 6, hq = 2, hk = 1, d = 8, dv = 4;
   const Heads<float> q(l, hq, d, 171), k(l, hk, d, 172), v(l, hk, dv, 173);
   Heads<float> out = Heads<float>::filled(l, hq, dv, -7.0f);
   const auto before = out.data;
   rope_test::ThreadPool pool(2);
-  const std::string tail =
-      "options.executor.workers must be at least 1 when options.executor.parallel_for is set, got 0";
+  const std::string tail = "threads.executor.workers must be at least 1 when its parallel_for is set, got 0";
   ra::SoftmaxOptions so;
-  so.executor = pool.executor(0);
+  so.threads = pool.executor(0);
   EXPECT_EQ(rope_test::thrown_message([&] { ra::softmax<float>(q.view(), k.view(), v.view(), out.view(), {}, so); }),
-            "rope::attention::softmax: " + tail);
+            "rope::attention::softmax: options." + tail);
   Heads<float> k_cache = Heads<float>::filled(l, hk, d, 0.0f), v_cache = Heads<float>::filled(l, hk, dv, 0.0f);
-  const auto cache_before = k_cache.data;
-  ra::KvCache<float> cache{k_cache.view(), v_cache.view(), 0};
-  EXPECT_EQ(rope_test::thrown_message(
-                [&] { ra::softmax_step<float>(q.view(), k.view(), v.view(), cache, out.view(), {}, so); }),
-            "rope::attention::softmax_step: " + tail);
-  EXPECT_EQ(cache.length, 0u);
-  EXPECT_TRUE(at::same_bytes(cache_before, k_cache.data));
+  const auto k_before = k_cache.data, v_before = v_cache.data;
+  const auto cache = ra::PagedCache<float>::contiguous(k_cache.view(), v_cache.view());
+  ra::Plan plan;
+  EXPECT_EQ(rope_test::thrown_message([&] { ra::plan(plan, ra::Shape::of(cache, hq), 0, l, pool.executor(0)); }),
+            "rope::attention::plan: " + tail);
+  EXPECT_NE(rope_test::thrown_message([&] { ra::append(plan, cache, k.view(), v.view()); }), "no exception");
+  EXPECT_NE(rope_test::thrown_message([&] { ra::attend(plan, cache, q.view(), out.view()); }), "no exception");
+  EXPECT_TRUE(at::same_bytes(k_before, k_cache.data));
+  EXPECT_TRUE(at::same_bytes(v_before, v_cache.data));
   const ra::FavorFeatures phi{d, LinearCase<float>::features(16)};
   ra::LinearOptions lo;
-  lo.executor = pool.executor(0);
+  lo.threads = pool.executor(0);
   EXPECT_EQ(rope_test::thrown_message([&] { ra::linear<float>(q.view(), k.view(), v.view(), out.view(), phi, lo); }),
-            "rope::attention::linear: " + tail);
+            "rope::attention::linear: options." + tail);
   EXPECT_TRUE(at::same_bytes(before, out.data));
   EXPECT_EQ(pool.tasks_run(), 0u);
 }
@@ -249,7 +261,7 @@ TEST(AttentionThreads, DecodeHeadSplitsGiveTheSameBytes) {
       expect_same_bytes_for_any_thread_count(
           [&](std::size_t threads) {
             ra::SoftmaxOptions o;
-            o.causal = true;
+            o.mask.causal = true;
             o.keys_rotated = keys_rotated;
             o.q_offset = static_cast<std::int64_t>(lk - tokens);
             o.threads = threads;
@@ -272,8 +284,8 @@ TEST(AttentionThreads, MasksGiveTheSameBytes) {
     expect_same_bytes_for_any_thread_count(
         [&](std::size_t threads) {
           ra::SoftmaxOptions o;
-          o.causal = true;
-          o.window = 7;
+          o.mask.causal = true;
+          o.mask.window = 7;
           o.block = 8;
           o.threads = threads;
           for (std::size_t i = 0; i < l; ++i) {
@@ -300,7 +312,7 @@ TEST(AttentionThreads, LinearPrePhiAndStatesGiveTheSameBytes) {
     expect_same_bytes_for_any_thread_count(
         [&](std::size_t threads) {
           ra::LinearOptions o;
-          o.causal = causal;
+          o.mask.causal = causal;
           o.chunk = 4;
           o.threads = threads;
           Heads<float> out(c.l, c.hq, c.dv, 0);
@@ -312,7 +324,7 @@ TEST(AttentionThreads, LinearPrePhiAndStatesGiveTheSameBytes) {
   expect_same_bytes_for_any_thread_count(
       [&](std::size_t threads) {
         ra::LinearOptions o;
-        o.causal = true;
+        o.mask.causal = true;
         o.chunk = 3;
         o.threads = threads;
         std::vector<ra::LinearState<float>> states;
@@ -330,37 +342,45 @@ TEST(AttentionThreads, LinearPrePhiAndStatesGiveTheSameBytes) {
       "causal with states");
 }
 
-// softmax_step through a prefill chunk and decode steps: the outputs and
-// the cache the same bytes for any thread count.
-TEST(AttentionThreads, SoftmaxStepsGiveTheSameBytes) {
+// One sequence's steps over its contiguous cache through a prefill chunk
+// and decode steps (plan, append, attend, kv_split 4 so that decode tokens
+// split): the outputs, the rotated queries and the cache the same bytes for
+// any thread count.
+TEST(AttentionThreads, ContiguousStepsGiveTheSameBytes) {
   const std::size_t l = 24, hq = 8, hk = 4, d = 16, dv = 8;
   const rope::Table<float> table(rope::frequencies(d, 10000.0), 64);
   const Heads<float> q(l, hq, d, 71), k(l, hk, d, 72), v(l, hk, dv, 73);
   expect_same_bytes_for_any_thread_count(
       [&](std::size_t threads) {
         Heads<float> k_cache = Heads<float>::filled(l, hk, d, 0.0f), v_cache = Heads<float>::filled(l, hk, dv, 0.0f);
-        ra::KvCache<float> cache{k_cache.view(), v_cache.view(), 0};
-        Heads<float> out(l, hq, dv, 0);
-        ra::SoftmaxOptions o;
-        o.causal = true;
-        o.threads = threads;
+        const auto cache = ra::PagedCache<float>::contiguous(k_cache.view(), v_cache.view());
+        ra::Shape shape = ra::Shape::of(cache, hq);
+        shape.kv_split = 4;
+        ra::AppendOptions ao;
+        ao.rotation = {&table, Style::rotate_half};
+        Heads<float> out(l, hq, dv, 0), q_rot(l, hq, d, 0);
+        ra::Plan plan;
         std::size_t t = 0;
         for (const std::size_t n : {16u, 1u, 1u, 3u, 1u, 1u, 1u}) {
-          ra::softmax_step<float>(q.view().slice_tokens(t, n), k.view().slice_tokens(t, n), v.view().slice_tokens(t, n),
-                                  cache, out.view().slice_tokens(t, n), {&table, Style::rotate_half}, o);
+          ra::plan(plan, shape, t, n, threads);
+          const auto q_out = q_rot.view().slice_tokens(t, n);
+          ra::append(plan, cache, q.view().slice_tokens(t, n), k.view().slice_tokens(t, n), v.view().slice_tokens(t, n),
+                     q_out, ao);
+          ra::attend(plan, cache, View<const float>(q_out), out.view().slice_tokens(t, n));
           t += n;
         }
         std::vector<float> all = out.data;
+        all.insert(all.end(), q_rot.data.begin(), q_rot.data.end());
         all.insert(all.end(), k_cache.data.begin(), k_cache.data.end());
         all.insert(all.end(), v_cache.data.begin(), v_cache.data.end());
         return all;
       },
-      "softmax_step");
+      "contiguous steps");
 }
 
 // A batch of decode and prefill sequences over a paged bf16 cache: decode
 // tokens split across items (kv_split 32), merged afterwards; every thread
-// count and the caller's pool give the bytes of one thread.
+// count and the caller's pool give the bytes of one thread, and lse too.
 TEST(AttentionThreads, BatchOverPagedCacheBitIdenticalForAnyThreadCountAndExecutor) {
   const std::size_t Hq = 4, Hk = 2, d = 32, ps = 8, pages = 40;
   std::mt19937 rng(11);
@@ -384,30 +404,28 @@ TEST(AttentionThreads, BatchOverPagedCacheBitIdenticalForAnyThreadCountAndExecut
   const ra::Batch batch{starts.data(), lengths.data(), table.data(), stride, 3};
   std::vector<float> q(11 * Hq * d);
   for (auto& x : q) x = u(rng);
-  const auto run = [&](ra::BatchOptions o) {
-    o.kv_split = 32;
-    std::vector<float> out(q.size());
-    ra::softmax_batch(rope::View<const float>::token_major(q.data(), 11, Hq, d), cache, batch,
-                      rope::View<float>::token_major(out.data(), 11, Hq, d), o);
+  ra::Shape shape = ra::Shape::of(cache, Hq);
+  shape.kv_split = 32;
+  const auto run = [&](const rope::Threads& threads) {
+    ra::Plan plan;
+    ra::plan(plan, shape, batch, threads);
+    std::vector<float> out(q.size() + 11 * Hq);
+    ra::attend(plan, cache, rope::View<const float>::token_major(q.data(), 11, Hq, d),
+               rope::View<float>::token_major(out.data(), 11, Hq, d), ra::Logits{}, ra::Mask{}, out.data() + q.size());
     return out;
   };
-  const std::vector<float> one = run({});
-  for (std::size_t threads : {2, 3, 5}) {
-    ra::BatchOptions o;
-    o.threads = threads;
-    EXPECT_TRUE(at::same_bytes(run(o), one)) << threads << " threads";
-  }
+  const std::vector<float> one = run(1);
+  for (std::size_t threads : {2, 3, 5}) EXPECT_TRUE(at::same_bytes(run(threads), one)) << threads << " threads";
   rope_test::ThreadPool pool(3);
   for (std::size_t workers : {1, 4}) {
-    ra::BatchOptions o;
-    o.executor = pool.executor(workers);
-    EXPECT_TRUE(at::same_bytes(run(o), one)) << workers << " workers";
+    EXPECT_TRUE(at::same_bytes(run(pool.executor(workers)), one)) << workers << " workers";
   }
 }
 
-// The fused step before attention over tokens on threads: the same bytes in
-// q_out and in the int8 cache for any thread count.
-TEST(AttentionThreads, NormRopeAppendBitIdenticalForAnyThreadCount) {
+// The fused step before attention over tokens on the plan's threads
+// (QK-norm, RoPE, Q into q_out, K and V into an int8 cache): the same bytes
+// in q_out and in the cache for any thread count.
+TEST(AttentionThreads, AppendBitIdenticalForAnyThreadCount) {
   const std::size_t T = 13, Hq = 4, Hk = 2, d = 16, ps = 4, pages = 8;
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -416,27 +434,34 @@ TEST(AttentionThreads, NormRopeAppendBitIdenticalForAnyThreadCount) {
   for (auto& x : w) x = 1.0f + 0.1f * u(rng);
   const auto parts = rope::split_qkv(static_cast<const float*>(qkv.data()), T, Hq, Hk, d);
   const rope::Table<float> table(rope::frequencies(d), 64);
-  std::vector<std::int64_t> slots(T);
-  for (std::size_t t = 0; t < T; ++t) slots[t] = t == 4 ? -1 : static_cast<std::int64_t>((t * 5) % (pages * ps));
+  // Three sequences: a chunk of 5 new tokens after 4 cached, a decode token
+  // after 5, a prefill of 7: 13 new tokens in 7 of the 8 pages.
+  const std::vector<std::int64_t> starts = {0, 5, 6, 13}, lengths = {9, 6, 7};
+  const std::vector<std::int32_t> block_table = {6, 1, 4, 0, 7, 2, 5, 3, 0};
+  const ra::Batch batch{starts.data(), lengths.data(), block_table.data(), 3, 3};
   const auto run = [&](std::size_t threads, std::vector<std::int8_t>* pool_bytes) {
     std::vector<std::int8_t> k(pages * ps * Hk * d), v(k.size());
     std::vector<float> ks(pages * ps * Hk), vs(ks.size()), q_out(T * Hq * d);
     const ra::PagedCache<std::int8_t> cache{ra::PagePool<std::int8_t>::nhd(k.data(), pages, ps, Hk, d, ks.data()),
                                             ra::PagePool<std::int8_t>::nhd(v.data(), pages, ps, Hk, d, vs.data())};
+    ra::Plan plan;
+    ra::plan(plan, ra::Shape::of(cache, Hq), batch, threads);
     ra::AppendOptions o;
-    o.rotation.table = &table;
+    o.rotation = {&table, Style::rotate_half};
     o.q_norm = {w.data(), d};
     o.k_norm = {w.data(), d};
-    o.threads = threads;
-    ra::norm_rope_append(parts.q, parts.k, parts.v, 3, slots.data(), cache,
-                         rope::View<float>::token_major(q_out.data(), T, Hq, d), o);
+    ra::append(plan, cache, parts.q, parts.k, parts.v, rope::View<float>::token_major(q_out.data(), T, Hq, d), o);
     *pool_bytes = k;
     pool_bytes->insert(pool_bytes->end(), v.begin(), v.end());
+    const auto* kb = reinterpret_cast<const std::int8_t*>(ks.data());
+    pool_bytes->insert(pool_bytes->end(), kb, kb + ks.size() * sizeof(float));
+    const auto* vb = reinterpret_cast<const std::int8_t*>(vs.data());
+    pool_bytes->insert(pool_bytes->end(), vb, vb + vs.size() * sizeof(float));
     return q_out;
   };
   std::vector<std::int8_t> one_pool, pool;
   const std::vector<float> one = run(1, &one_pool);
-  for (std::size_t threads : {2, 4}) {
+  for (std::size_t threads : {2, 4, 13, 20}) {
     EXPECT_TRUE(at::same_bytes(run(threads, &pool), one)) << threads << " threads";
     EXPECT_EQ(pool, one_pool) << threads << " threads";
   }
