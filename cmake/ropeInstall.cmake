@@ -9,8 +9,8 @@
 # Each part has its own export file, loaded by ropeConfig.cmake only when its
 # dependency is there, so a user without Eigen (or nlohmann_json) can find
 # and use the core.
-# rope::dispatch and, with ROPE_HF_CONFIG_LIBRARY, the config reader are the
-# compiled parts: libraries (static unless BUILD_SHARED_LIBS) under the
+# rope::dispatch and, with ROPE_HF_CONFIG_LIBRARY or ROPE_ATTENTION_LIBRARY, the
+# config reader and the attention library are the compiled parts: libraries (static unless BUILD_SHARED_LIBS) under the
 # library directory, exported with their locations.
 include(CMakePackageConfigHelpers)
 set(ROPE_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/rope")
@@ -25,6 +25,12 @@ if(TARGET rope_dispatch)
       message(FATAL_ERROR \"rope: rope::dispatch (ROPE_DISPATCH=${ROPE_DISPATCH}) is not built: run 'cmake --build ${CMAKE_BINARY_DIR}' before 'cmake --install', or configure with -DROPE_DISPATCH=OFF for the headers alone\")
     endif()")
 endif()
+if(TARGET rope_attention_library)
+  install(CODE "
+    if(NOT EXISTS \"$<TARGET_FILE:rope_attention_library>\")
+      message(FATAL_ERROR \"rope: the attention library (ROPE_ATTENTION_LIBRARY=ON) is not built: run 'cmake --build ${CMAKE_BINARY_DIR}' before 'cmake --install', or configure with -DROPE_ATTENTION_LIBRARY=OFF for the headers alone\")
+    endif()")
+endif()
 if(TARGET rope_hf_config_reader)
   install(CODE "
     if(NOT EXISTS \"$<TARGET_FILE:rope_hf_config_reader>\")
@@ -35,7 +41,14 @@ install(DIRECTORY include/rope DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
 install(TARGETS rope rope_native EXPORT ropeTargets)
 install(EXPORT ropeTargets NAMESPACE rope:: DESTINATION "${ROPE_CMAKE_DIR}")
 set(ROPE_COMPONENTS "")
-if(TARGET rope_attention)
+if(TARGET rope_attention_library)
+  install(TARGETS rope_attention rope_attention_library EXPORT ropeAttentionTargets
+    ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}"
+    LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}"
+    RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}")
+  install(EXPORT ropeAttentionTargets NAMESPACE rope:: DESTINATION "${ROPE_CMAKE_DIR}")
+  list(APPEND ROPE_COMPONENTS attention)
+elseif(TARGET rope_attention)
   install(TARGETS rope_attention EXPORT ropeAttentionTargets)
   install(EXPORT ropeAttentionTargets NAMESPACE rope:: DESTINATION "${ROPE_CMAKE_DIR}")
   list(APPEND ROPE_COMPONENTS attention)
@@ -68,7 +81,7 @@ configure_package_config_file(cmake/ropeConfig.cmake.in
 # Headers alone serve every architecture (ARCH_INDEPENDENT); with a compiled
 # part (rope::dispatch, the config reader library) the package is for the
 # pointer size it was built for.
-if(TARGET rope_dispatch OR TARGET rope_hf_config_reader)
+if(TARGET rope_dispatch OR TARGET rope_hf_config_reader OR TARGET rope_attention_library)
   set(_rope_arch_independent "")
 else()
   set(_rope_arch_independent ARCH_INDEPENDENT)
@@ -89,6 +102,13 @@ file(RELATIVE_PATH ROPE_PC_TO_PREFIX "/prefix/${ROPE_PKGCONFIG_DIR}" "/prefix")
 string(REGEX REPLACE "/$" "" ROPE_PC_TO_PREFIX "${ROPE_PC_TO_PREFIX}")
 configure_file(cmake/rope.pc.in "${CMAKE_CURRENT_BINARY_DIR}/rope.pc" @ONLY)
 install(FILES "${CMAKE_CURRENT_BINARY_DIR}/rope.pc" DESTINATION "${ROPE_PKGCONFIG_DIR}")
+if(TARGET rope_attention_library)
+  set(ROPE_ATTENTION_PC_LIBS "Libs: -L\${libdir} -lrope_attention_library")
+  set(ROPE_ATTENTION_PC_CFLAGS " -DROPE_ATTENTION_LIBRARY=1")
+else()
+  set(ROPE_ATTENTION_PC_LIBS "")
+  set(ROPE_ATTENTION_PC_CFLAGS "")
+endif()
 if(TARGET rope_attention)
   configure_file(cmake/rope-attention.pc.in "${CMAKE_CURRENT_BINARY_DIR}/rope-attention.pc" @ONLY)
   install(FILES "${CMAKE_CURRENT_BINARY_DIR}/rope-attention.pc" DESTINATION "${ROPE_PKGCONFIG_DIR}")

@@ -9,6 +9,10 @@
 #                           -DROPE_CONSUMER_VERSION=1.0
 #   MODE=add_subdirectory   build tests/consumers/add_subdirectory (rope vendored)
 #   MODE=fetch_content      build tests/consumers/fetch_content (FetchContent, local)
+#   MODE=warnings           build tests/consumers/warnings against PREFIX with
+#                           every warning an error, with CXX and with the
+#                           other of g++ and clang++ where it is installed,
+#                           and run its programs
 #   MODE=pkg_config         compile the consumer programs with nothing but
 #                           `pkg-config --cflags --libs` of the installed .pc
 #                           files
@@ -105,6 +109,38 @@ if(MODE STREQUAL "pkg_config")
         -o "${WORK_DIR}/rope_${program}")
   endforeach()
   run_programs("${WORK_DIR}")
+  return()
+endif()
+
+if(MODE STREQUAL "warnings")
+  # CXX, and g++ and clang++ where installed, each once (c++ may be g++).
+  set(compilers "${CXX}")
+  get_filename_component(seen "${CXX}" REALPATH)
+  foreach(other g++ clang++)
+    find_program(other_path ${other})
+    if(other_path)
+      get_filename_component(real "${other_path}" REALPATH)
+      if(NOT real IN_LIST seen)
+        list(APPEND compilers "${other_path}")
+        list(APPEND seen "${real}")
+      endif()
+    endif()
+    unset(other_path CACHE)
+  endforeach()
+  foreach(compiler IN LISTS compilers)
+    get_filename_component(name "${compiler}" NAME)
+    set(build "${WORK_DIR}/build-${name}")
+    set(configure ${CMAKE_COMMAND} -S "${ROPE_SOURCE_DIR}/tests/consumers/warnings" -B "${build}" -G "${GENERATOR}"
+        "-DCMAKE_CXX_COMPILER=${compiler}" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=${PREFIX}")
+    if(XSIMD_INCLUDE_DIR)
+      list(APPEND configure "-Dxsimd_DIR=${xsimd_stand_in}")
+    endif()
+    message(STATUS "warnings as errors with ${compiler}")
+    run(${configure})
+    run(${CMAKE_COMMAND} --build "${build}")
+    run("${build}/rope_consumer_warnings_native")
+    run("${build}/rope_consumer_warnings_baseline")
+  endforeach()
   return()
 endif()
 

@@ -24,7 +24,7 @@ int main() {
     }
   }
   ra::SoftmaxOptions near, far;
-  near.causal = far.causal = true;
+  near.mask.causal = far.mask.causal = true;
   for (Eigen::Index i = 0; i < tokens; ++i) {
     near.q_positions.push_back(i);
     far.q_positions.push_back(i + 200);
@@ -44,6 +44,7 @@ int main() {
   q1(0, 0) = k2(0, 0) = k2(1, 0) = 1.0;
   v2(0, 0) = v2(1, 1) = 1.0;
   ra::SoftmaxOptions at;
+  at.mask.causal = false;  // the key at 7 is after the query at 5
   at.q_positions = {5};
   at.k_positions = {5, 7};
   const ra::Matrix<double> out = ra::softmax(q1, k2, v2, rotation, at);

@@ -37,40 +37,13 @@
 #include "../tensor/checks.hpp"
 #include "../tensor/view_checks.hpp"
 #include "cache.hpp"
+#include "entry_points.hpp"
 #include "plan.hpp"
 #include "pre_attention.hpp"
 #include "rotation.hpp"
 #include "writer.hpp"
 
 namespace rope::attention {
-
-// RMSNorm weights of one side (Q or K): null for no norm on that side;
-// else `size` values: head_dim for a per-head norm, heads * head_dim with
-// whole_projection.
-struct NormWeights {
-  const float* data = nullptr;
-  std::size_t size = 0;
-};
-
-struct AppendOptions {
-  Rotation<float> rotation;  // no table: no RoPE (the norms and the writes only)
-  NormWeights q_norm, k_norm;
-  double eps = 1e-6;              // when a norm is set: finite and > 0, also in float
-  bool plus_one = false;          // y = x r (1 + w) (Gemma) instead of x r w
-  bool whole_projection = false;  // one norm over all heads' channels (OLMo 2)
-  bool write_back_k = false;      // also write the normalized, rotated K into k
-  // Multi-axis positions (M-RoPE, as rope::apply_mrope): with pair_axes set
-  // (and a table), pair p of token t's Q and K is rotated by
-  // axis_positions[pair_axes->axis[p] * plan.tokens() + t] * theta_p
-  // instead of the plan's position p_t, which still picks the slot.
-  // axis_positions is [pair_axes->axes, tokens], axis-major, as apply_mrope
-  // takes it. Read only during the call; without a table neither is read.
-  const PairAxes* pair_axes = nullptr;
-  const std::int64_t* axis_positions = nullptr;
-  // How the cache rows are stored (writer.hpp): automatic streams a long
-  // prefill's rows, never a decode step's. The same bits either way.
-  rope::Stores stores = rope::Stores::automatic;
-};
 
 namespace detail {
 
@@ -253,10 +226,8 @@ void run_append(const Plan& plan, const PagedCache<E>& cache, const View<const I
   });
 }
 
-}  // namespace detail
-
-// The step before attention for one layer, one pass per token (see the
-// header comment): q [tokens, q_heads, head_dim] normalized and rotated into
+// append (entry_points.hpp), checked and run: the step before attention
+// for one layer, one pass per token (see the header comment): q [tokens, q_heads, head_dim] normalized and rotated into
 // q_out (q_out may be q itself: in place), k and v [tokens, kv_heads,
 // head_dim] (v: v_head_dim) written into the slots of the plan's tokens,
 // K normalized and rotated first, written back into k too only with
@@ -270,18 +241,11 @@ void run_append(const Plan& plan, const PagedCache<E>& cache, const View<const I
 // the heads, positions outside the table, pair axes that do not fit
 // rotary_dim/2, views that overlap each other or the cache (q_out may be
 // q; k and v may already be their own slots' rows).
-template <class QV, class KV, class VV, class QO, class E, class Arch = xsimd::default_arch>
-void append(const Plan& plan, const PagedCache<E>& cache, const View<QV>& q_view, const View<KV>& k_view,
-            const View<VV>& v_view, const View<QO>& q_out, const AppendOptions& options = {}) {
-  using In = std::remove_const_t<QV>;
-  static_assert(std::is_same<In, std::remove_const_t<KV>>::value && std::is_same<In, std::remove_const_t<VV>>::value,
-                "rope::attention::append: q, k and v hold one element type");
-  static_assert(!std::is_const<QO>::value, "rope::attention::append: q_out is written");
-  detail::check_kv_element<E>();
-  detail::check_row_type<In>();
-  detail::check_row_type<QO>();
+template <class In, class QO, class E, class Arch>
+void append_call(const Plan& plan, const PagedCache<E>& cache, const View<const In>& q, const View<const In>& k,
+                 const View<const In>& v, const View<QO>& q_out, bool k_writable, const AppendOptions& options) {
+  using A = arch_of<Arch>;
   const char* fn = "rope::attention::append";
-  const View<const In> q(q_view), k(k_view), v(v_view);
   detail::check_kv(fn, plan, cache, k, v);
   const Shape& s = plan.shape();
   rope::detail::check_view(fn, "q", q);
@@ -304,7 +268,7 @@ void append(const Plan& plan, const PagedCache<E>& cache, const View<QV>& q_view
   }
   View<In> k_back;
   if (options.write_back_k) {
-    if (std::is_const<KV>::value) detail::fail(fn, "options.write_back_k", "false for a read-only k view", "true");
+    if (!k_writable) detail::fail(fn, "options.write_back_k", "false for a read-only k view", "true");
     rope::detail::check_disjoint(fn, "k", k, "q", q);
     rope::detail::check_disjoint(fn, "k", k, "v", v);
     if (!q_in_place) rope::detail::check_disjoint(fn, "k", k, "q_out", q_out);
@@ -318,27 +282,22 @@ void append(const Plan& plan, const PagedCache<E>& cache, const View<QV>& q_view
   p.rotary_dim = detail::rotary_width(fn, "options.rotation", options.rotation, q.head_dim);
   p.angles = detail::angles_of(fn, plan, p.rotary_dim, options);
   p.workers = std::min(plan.tokens(), std::max<std::size_t>(1, plan.threads().shares()));
-  detail::run_append<In, QO, E, Arch>(plan, cache, q, k, v, q_out, k_back, options, p);
+  detail::run_append<In, QO, E, A>(plan, cache, q, k, v, q_out, k_back, options, p);
 }
 
-// The K/V form: new keys and values into the plan's slots, K normalized
+// append's K/V form (entry_points.hpp), checked and run: new keys and values into the plan's slots, K normalized
 // (options.k_norm) and rotated first; no Q (options.q_norm refused). The
 // caller rotates Q itself at plan.positions(), or its layer has no RoPE.
-template <class KV, class VV, class E, class Arch = xsimd::default_arch>
-void append(const Plan& plan, const PagedCache<E>& cache, const View<KV>& k_view, const View<VV>& v_view,
-            const AppendOptions& options = {}) {
-  using In = std::remove_const_t<KV>;
-  static_assert(std::is_same<In, std::remove_const_t<VV>>::value,
-                "rope::attention::append: k and v hold one element type");
-  detail::check_kv_element<E>();
-  detail::check_row_type<In>();
+template <class In, class E, class Arch>
+void append_kv_call(const Plan& plan, const PagedCache<E>& cache, const View<const In>& k, const View<const In>& v,
+                    bool k_writable, const AppendOptions& options) {
+  using A = arch_of<Arch>;
   const char* fn = "rope::attention::append";
-  const View<const In> k(k_view), v(v_view);
   detail::check_kv(fn, plan, cache, k, v);
   if (options.q_norm.data != nullptr) detail::fail(fn, "options.q_norm.data", "null: this form writes no Q", "set");
   View<In> k_back;
   if (options.write_back_k) {
-    if (std::is_const<KV>::value) detail::fail(fn, "options.write_back_k", "false for a read-only k view", "true");
+    if (!k_writable) detail::fail(fn, "options.write_back_k", "false for a read-only k view", "true");
     rope::detail::check_disjoint(fn, "k", k, "v", v);
     k_back = View<In>(const_cast<In*>(k.data), k.tokens, k.heads, k.head_dim, k.token_stride, k.head_stride);
   }
@@ -349,7 +308,8 @@ void append(const Plan& plan, const PagedCache<E>& cache, const View<KV>& k_view
   p.angles = detail::angles_of(fn, plan, p.rotary_dim, options);
   p.workers = std::min(plan.tokens(), std::max<std::size_t>(1, plan.threads().shares()));
   const View<const In> no_q(k.data, 0, 1, k.head_dim, 0, 0);
-  detail::run_append<In, In, E, Arch>(plan, cache, no_q, k, v, View<In>(), k_back, options, p);
+  detail::run_append<In, In, E, A>(plan, cache, no_q, k, v, View<In>(), k_back, options, p);
 }
 
+}  // namespace detail
 }  // namespace rope::attention

@@ -40,6 +40,7 @@
 #include "../tensor/view_checks.hpp"
 #include "cache.hpp"
 #include "dispatch_slots.hpp"
+#include "entry_points.hpp"
 #include "logits.hpp"
 #include "masks.hpp"
 #include "plan.hpp"
@@ -247,10 +248,9 @@ void run_attend(const Plan& plan, const PagedCache<E>& cache, const View<const Q
                              [&](std::size_t i, std::size_t w) { run.merge(i, scratch_at(base + w * per, p)); });
 }
 
-}  // namespace detail
-
-// Attention of the plan's new tokens over a cache that holds their keys and
-// values (append, or the caller's own writes) — see the header comment. q:
+// attend (entry_points.hpp), checked and run: attention of the plan's new
+// tokens over a cache that holds their keys and values (append, or the
+// caller's own writes) — see the header comment. q:
 // [tokens, q_heads, head_dim], read-only or not; out: [tokens, q_heads,
 // v_head_dim]; lse (null: not written): tokens * q_heads floats, at
 // t * q_heads + h, the natural log-sum-exp of each row's scores after
@@ -260,16 +260,10 @@ void run_attend(const Plan& plan, const PagedCache<E>& cache, const View<const Q
 // q, merging parts, the output rows), which rope::dispatch does not route;
 // the default, the caller's flags, keeps units built with different flags
 // apart (dispatch.md).
-template <class QV, class E, class O, class Arch = xsimd::default_arch>
-void attend(const Plan& plan, const PagedCache<E>& cache, const View<QV>& q_view, const View<O>& out,
-            const Logits& logits = {}, const Mask& mask = {}, float* lse = nullptr) {
-  using Q = std::remove_const_t<QV>;
-  static_assert(!std::is_const<O>::value, "rope::attention::attend: out is written");
-  detail::check_kv_element<E>();
-  detail::check_row_type<Q>();
-  detail::check_row_type<O>();
+template <class Q, class E, class O, class Arch>
+void attend_call(const Plan& plan, const PagedCache<E>& cache, const View<const Q>& q, const View<O>& out,
+                 const Logits& logits, const Mask& mask, float* lse) {
   const char* fn = "rope::attention::attend";
-  const View<const Q> q(q_view);
   detail::check_plan_cache(fn, plan, cache);
   const Shape& s = plan.shape();
   rope::detail::check_view(fn, "q", q);
@@ -303,7 +297,8 @@ void attend(const Plan& plan, const PagedCache<E>& cache, const View<QV>& q_view
   p.logits = detail::check_logits<float>(fn, "logits", logits, s.q_heads, s.head_dim);
   p.mask = mask;
   p.chunk = std::min<std::size_t>(s.kv_split, kAttendMaxChunk);
-  detail::run_attend<Q, E, O, Arch>(plan, cache, q, out, lse, p);
+  detail::run_attend<Q, E, O, arch_of<Arch>>(plan, cache, q, out, lse, p);
 }
 
+}  // namespace detail
 }  // namespace rope::attention

@@ -16,11 +16,18 @@
 // out are float, BFloat16 or Float16. docs/attention.md is the guide.
 #pragma once
 
-#include "append.hpp"
-#include "attend.hpp"
 #include "cache.hpp"
+#include "entry_points.hpp"
 #include "logits.hpp"
 #include "masks.hpp"
 #include "plan.hpp"
 #include "rotation.hpp"
 #include "state.hpp"
+
+// Header-only: the checked calls, compiled in this unit. With
+// ROPE_ATTENTION_LIBRARY, rope's attention library holds them
+// (entry_points.hpp).
+#if !defined(ROPE_ATTENTION_LIBRARY)
+#include "append.hpp"
+#include "attend.hpp"
+#endif
