@@ -1,6 +1,6 @@
 // attend_keys' arguments (rope::KvKeys) over a token-major pool of pages,
 // K and V alike ([pages, page, kv_heads, d]), for the tests that call it
-// directly (test_kernels_kv_rows, test_dispatch).
+// directly (tests/kv_decode_checks.hpp, test_dispatch).
 #pragma once
 
 #include <cstddef>

@@ -1,0 +1,26 @@
+// attend_keys (kernels/kv_rows.hpp) over a paged int8 (with its scales) KV cache: the
+// chunks compiled for head_dim 128 give the bytes of its loops for any
+// shape, on each architecture of the build whose code differs
+// (rope_test::DistinctArchs), suite KvRowsInt8/<architecture>. One unit
+// per kernel and element type (tests/kv_decode_checks.hpp).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include <rope/half.hpp>
+#include <rope/kernels/kv_rows.hpp>
+
+#include "archs.hpp"
+#include "kv_decode_checks.hpp"
+
+namespace {
+
+template <class Arch>
+class KvRowsInt8 : public ::testing::Test {};
+TYPED_TEST_SUITE(KvRowsInt8, rope_test::DistinctArchs, rope_test::ArchNames);
+
+TYPED_TEST(KvRowsInt8, AttendKeysCompiledShapesGiveTheBitsOfTheLoopsForAnyShape) {
+  rope_test::check_attend_shapes<std::int8_t, TypeParam>();
+}
+
+}  // namespace

@@ -1,0 +1,237 @@
+// store_kv_row (kernels/kv_rows.hpp), one row of floats rounded once into
+// a KV cache's element type, on each architecture of the build whose code
+// differs (rope_test::DistinctArchs), each suite named by it:
+//   the 16-bit types round to nearest even (the neighbours of the result are
+//     no nearer), as half.hpp does, in the lanes and the tail;
+//   int8, the SIMD row against its scalar twin bit for bit; within s/2 per
+//     element (plus the rounding of x / s), q in [-127, 127], the largest
+//     element at +-127, scale 0 for zeros and NaN (q = 0) for non-finite.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <rope/half.hpp>
+#include <rope/kernels/kv_rows.hpp>
+#include <rope/reference.hpp>
+
+#include "archs.hpp"
+#include "kv_elements.hpp"
+#include "support.hpp"
+
+namespace {
+
+using rope::BFloat16;
+using rope::Float16;
+using LD = long double;
+
+template <class Arch>
+class KvRows : public ::testing::Test {};
+TYPED_TEST_SUITE(KvRows, rope_test::DistinctArchs, rope_test::ArchNames);
+
+using rope_test::widen;
+
+// store_kv_row into the 16-bit types: what half.hpp's conversions give, and
+// that is the nearest value (ties to an even bit pattern), checked against
+// the neighbouring bit patterns.
+template <class E>
+void check_round_16(float x, E got) {
+  const std::uint16_t b = got.bits;
+  if (std::isnan(x)) {
+    EXPECT_TRUE(std::isnan(widen(got))) << x;
+    return;
+  }
+  const LD y = widen(got);
+  if (std::isinf(static_cast<double>(y))) {
+    // Only values past the largest finite one (and its half ulp) overflow.
+    const E largest =
+        E::from_bits(static_cast<std::uint16_t>((b & 0x8000u) | (std::is_same<E, Float16>::value ? 0x7bffu : 0x7f7fu)));
+    const LD big = widen(largest);
+    const LD next_ulp = std::is_same<E, Float16>::value ? 32.0L : std::ldexp(1.0L, 127 - 7);
+    EXPECT_GE(std::fabs(static_cast<LD>(x)), std::fabs(big) + next_ulp / 2) << x;
+    return;
+  }
+  const LD err = std::fabs(static_cast<LD>(x) - y);
+  for (int step : {-1, 1}) {
+    const std::uint16_t mag = b & 0x7fffu;
+    if (step < 0 && mag == 0) continue;
+    const E other = E::from_bits(static_cast<std::uint16_t>((b & 0x8000u) | (mag + step)));
+    const LD o = widen(other);
+    if (std::isinf(static_cast<double>(o)) || std::isnan(static_cast<double>(o))) continue;
+    const LD other_err = std::fabs(static_cast<LD>(x) - o);
+    EXPECT_LE(err, other_err) << "not the nearest: x " << x << " bits " << b;
+    if (err == other_err) {
+      EXPECT_EQ(b & 1u, 0u) << "a tie not to even: x " << x;
+    }
+  }
+}
+
+TYPED_TEST(KvRows, StoreSixteenBitTypesRoundOnceToNearestEven) {
+  using Arch = TypeParam;
+  std::mt19937 gen(5);
+  std::vector<float> x;
+  for (int e = -30; e <= 20; ++e) {
+    std::uniform_real_distribution<float> dist(-std::ldexp(1.0f, e), std::ldexp(1.0f, e));
+    for (int i = 0; i < 20; ++i) x.push_back(dist(gen));
+  }
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            1.0f,
+                            65504.0f,
+                            65519.0f,
+                            65520.0f,
+                            -70000.0f,
+                            1.00390625f,
+                            1.01171875f,
+                            std::ldexp(1.0f, -24),
+                            std::ldexp(3.0f, -26),
+                            std::numeric_limits<float>::denorm_min(),
+                            std::numeric_limits<float>::max(),
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN()};
+  x.insert(x.end(), std::begin(specials), std::end(specials));
+  std::vector<BFloat16> bf(x.size());
+  std::vector<Float16> hf(x.size());
+  rope::store_kv_row<Arch>(x.data(), x.size(), bf.data(), nullptr);
+  rope::store_kv_row<Arch>(x.data(), x.size(), hf.data(), nullptr);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(bf[i].bits, rope::detail::float_to_bfloat16_bits(x[i])) << Arch::name() << " " << x[i];
+    EXPECT_EQ(hf[i].bits, rope::detail::float_to_float16_bits(x[i])) << Arch::name() << " " << x[i];
+    check_round_16(x[i], bf[i]);
+    check_round_16(x[i], hf[i]);
+  }
+  // Every length and start (the SIMD blocks and the tail): the same bits,
+  // and nothing written past the row.
+  for (std::size_t start = 0; start < 3; ++start) {
+    for (std::size_t n = 0; n <= 40; ++n) {
+      std::vector<BFloat16> b(n + 1, BFloat16::from_bits(0x1234));
+      std::vector<Float16> h(n + 1, Float16::from_bits(0x1234));
+      rope::store_kv_row<Arch>(x.data() + 990 + start, n, b.data(), nullptr);
+      rope::store_kv_row<Arch>(x.data() + 990 + start, n, h.data(), nullptr);
+      for (std::size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(b[i].bits, rope::detail::float_to_bfloat16_bits(x[990 + start + i])) << Arch::name() << " n " << n;
+        ASSERT_EQ(h[i].bits, rope::detail::float_to_float16_bits(x[990 + start + i])) << Arch::name() << " n " << n;
+      }
+      ASSERT_EQ(b[n].bits, 0x1234) << Arch::name() << " written past n " << n;
+      ASSERT_EQ(h[n].bits, 0x1234) << Arch::name() << " written past n " << n;
+    }
+  }
+  std::vector<float> copy(x.size());
+  rope::store_kv_row<Arch>(x.data(), x.size(), copy.data(), nullptr);
+  EXPECT_EQ(std::memcmp(copy.data(), x.data(), x.size() * sizeof(float)), 0);
+}
+
+// The SIMD int8 store against its scalar twin, bit for bit (codes and the
+// scale): every length around the lane widths, magnitudes from subnormal to
+// 1e30, ties (x / s exactly k + 1/2), and a NaN or an infinity in the SIMD
+// blocks or in the tail.
+TYPED_TEST(KvRows, StoreInt8IsItsScalarTwinBitForBit) {
+  using Arch = TypeParam;
+  const auto same = [](const std::vector<float>& x, const char* what) {
+    const std::size_t n = x.size();
+    std::vector<std::int8_t> got(n + 1, 77), want(n + 1, 77);
+    float gs = -1, ws = -1;
+    rope::store_kv_row<Arch>(x.data(), n, got.data(), &gs);
+    rope::reference::quantize_int8(x.data(), n, want.data(), &ws);
+    ASSERT_TRUE(std::memcmp(&gs, &ws, sizeof(float)) == 0 || (std::isnan(gs) && std::isnan(ws)))
+        << what << " n " << n << " scale " << gs << " vs " << ws;
+    ASSERT_EQ(got, want) << what << " n " << n;
+    ASSERT_EQ(got[n], 77) << "wrote past n = " << n;
+  };
+  std::vector<std::size_t> lengths;
+  for (std::size_t n = 0; n <= 70; ++n) lengths.push_back(n);
+  for (std::size_t n : {127, 128, 129, 130, 256, 257}) lengths.push_back(n);
+  for (std::size_t n : lengths) {
+    for (const double magnitude : {1e-42, 1e-30, 1e-3, 1.0, 37.0, 1e30}) {
+      same(rope_test::random_vector<float>(n, static_cast<std::uint32_t>(7 * n + 3), magnitude), "random");
+    }
+    if (n == 0) continue;
+    // Ties: the largest is 127 s, the rest k + 1/2 steps (k + 1/2 and 127
+    // are exact in float, so x / s is too).
+    std::vector<float> ties(n);
+    for (std::size_t c = 0; c < n; ++c) ties[c] = (c == 0 ? 127.0f : static_cast<float>(c % 120) + 0.5f) * 0.25f;
+    same(ties, "ties");
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity()}) {
+      for (std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
+        auto x = rope_test::random_vector<float>(n, static_cast<std::uint32_t>(n + at));
+        x[at] = bad;
+        same(x, "non-finite");
+      }
+    }
+    same(std::vector<float>(n, -0.0f), "zeros");
+  }
+}
+
+TEST(KvRowsStore, Int8QuantizesSymmetricallyWithinHalfAStep) {
+  const double eps = std::numeric_limits<float>::epsilon();
+  for (std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{7}, std::size_t{64}, std::size_t{130}}) {
+    for (const double magnitude : {1e-30, 1e-3, 1.0, 37.0, 1e30}) {
+      const auto x = rope_test::random_vector<float>(n, static_cast<std::uint32_t>(n * 3 + 1), magnitude);
+      std::vector<std::int8_t> q(n, 99);
+      float s = -1;
+      rope::store_kv_row(x.data(), n, q.data(), &s);
+      float m = 0;
+      std::size_t at = 0;
+      for (std::size_t c = 0; c < n; ++c) {
+        if (std::fabs(x[c]) > m) m = std::fabs(x[c]), at = c;
+      }
+      ASSERT_EQ(s, m / 127.0f) << "scale = max |x| / 127, n " << n;
+      ASSERT_GT(s, 0.0f);
+      // q = x / s rounded, x / s itself rounded: |x - s q| <= s (1/2 + 127 eps).
+      const LD step = static_cast<LD>(s) * (0.5L + 127 * static_cast<LD>(eps));
+      for (std::size_t c = 0; c < n; ++c) {
+        ASSERT_GE(q[c], -127);
+        ASSERT_LE(q[c], 127);
+        ASSERT_LE(std::fabs(static_cast<LD>(x[c]) - static_cast<LD>(s) * q[c]), step)
+            << "n " << n << " magnitude " << magnitude << " c " << c;
+      }
+      ASSERT_EQ(std::abs(static_cast<int>(q[at])), 127) << "the largest element maps to +-127";
+      ASSERT_EQ(q[at] > 0, x[at] > 0);
+    }
+  }
+  // A nonzero vector below 127 times the least subnormal, where max|x| / 127
+  // underflows: the least subnormal is its scale, every element read back
+  // within half a step, and the vector is not read back as zeros.
+  {
+    const float tiny = std::numeric_limits<float>::denorm_min();
+    const float x[3] = {3 * tiny, -tiny, 0.0f};
+    std::int8_t q[3] = {9, 9, 9};
+    float s = -1;
+    rope::store_kv_row(x, 3, q, &s);
+    EXPECT_EQ(s, tiny);
+    EXPECT_EQ(q[0], 3);
+    EXPECT_EQ(q[1], -1);
+    EXPECT_EQ(q[2], 0);
+  }
+  // Zeros: scale 0, q 0 (the sign of zero does not matter).
+  const float zeros[4] = {0.0f, -0.0f, 0.0f, 0.0f};
+  std::int8_t q[4] = {5, 5, 5, 5};
+  float s = -1;
+  rope::store_kv_row(zeros, 4, q, &s);
+  EXPECT_EQ(s, 0.0f);
+  for (std::int8_t v : q) EXPECT_EQ(v, 0);
+  // A NaN or an infinity anywhere: NaN scale and q = 0, so every value read back is NaN.
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity()}) {
+    for (std::size_t at : {std::size_t{0}, std::size_t{5}}) {
+      auto x = rope_test::random_vector<float>(6, 2);
+      x[at] = bad;
+      std::int8_t out[6] = {1, 1, 1, 1, 1, 1};
+      float scale = 1;
+      rope::store_kv_row(x.data(), 6, out, &scale);
+      EXPECT_TRUE(std::isnan(scale)) << bad << " at " << at;
+      for (std::int8_t v : out) EXPECT_EQ(v, 0);
+    }
+  }
+}
+
+}  // namespace
