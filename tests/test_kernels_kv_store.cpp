@@ -5,7 +5,9 @@
 //     no nearer), as half.hpp does, in the lanes and the tail;
 //   int8, the SIMD row against its scalar twin bit for bit; within s/2 per
 //     element (plus the rounding of x / s), q in [-127, 127], the largest
-//     element at +-127, scale 0 for zeros and NaN (q = 0) for non-finite.
+//     element at +-127, scale 0 for zeros and NaN (q = 0) for non-finite;
+//   int8 ties to even against ties built by hand (not through any rounding
+//     function), on every architecture the CPU runs and in the reference.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -232,6 +234,90 @@ TEST(KvRowsStore, Int8QuantizesSymmetricallyWithinHalfAStep) {
       for (std::int8_t v : out) EXPECT_EQ(v, 0);
     }
   }
+}
+
+// int8 ties to even, against ties built by hand. A row whose largest
+// magnitude is 127 s for a power of two s has the scale max|x| / 127 = s
+// exactly; its other values are (j + 1/2) s, exact in float, and (j + 1/2) s
+// / s = j + 1/2 exactly, so each code must be the even one of j and j + 1,
+// worked out here on the integers (no rounding function is called). Values a
+// quarter of a step from a tie go to the nearer integer. j runs over
+// -127 .. 126 (every tie inside [-127, 127]) in steps of 37, so neighbouring
+// values have j of either parity and either sign; s from 2^-120 to 2^100;
+// every length around the lane widths; the largest value (+127 s or -127 s)
+// first, in the middle or last, in the SIMD blocks or the tail.
+struct Int8Ties {
+  std::vector<float> x;
+  std::vector<int> want;
+  float scale;
+};
+
+Int8Ties int8_ties(std::size_t n, std::size_t top_at, int s_exponent, bool negative_top, bool quarters) {
+  Int8Ties t;
+  t.scale = std::ldexp(1.0f, s_exponent);
+  t.x.resize(n);
+  t.want.resize(n);
+  for (std::size_t c = 0; c < n; ++c) {
+    const int j = static_cast<int>((c * 37) % 254) - 127;
+    if (quarters) {
+      const bool up = c % 2 == 1;  // j + 3/4 goes up to j + 1, j + 1/4 down to j
+      t.x[c] = (static_cast<float>(j) + (up ? 0.75f : 0.25f)) * t.scale;
+      t.want[c] = up ? j + 1 : j;
+    } else {
+      t.x[c] = (static_cast<float>(j) + 0.5f) * t.scale;
+      t.want[c] = j % 2 == 0 ? j : j + 1;
+    }
+  }
+  t.x[top_at] = (negative_top ? -127.0f : 127.0f) * t.scale;
+  t.want[top_at] = negative_top ? -127 : 127;
+  return t;
+}
+
+// Every row of ties through quantize(x, n, out, scale), against the codes
+// worked out by hand, the scale s exactly and nothing written past n.
+template <class Quantize>
+void expect_int8_ties(const char* what, Quantize&& quantize) {
+  std::vector<std::size_t> lengths;
+  for (std::size_t n = 1; n <= 70; ++n) lengths.push_back(n);
+  for (std::size_t n : {127, 128, 129, 130, 254, 257}) lengths.push_back(n);
+  std::size_t rows = 0;
+  for (const std::size_t n : lengths) {
+    for (const std::size_t top_at : {std::size_t{0}, n / 2, n - 1}) {
+      for (const int s_exponent : {-120, -10, 0, 7, 100}) {
+        for (const bool quarters : {false, true}) {
+          const bool negative_top = (n + top_at) % 2 == 1;
+          const Int8Ties t = int8_ties(n, top_at, s_exponent, negative_top, quarters);
+          std::vector<std::int8_t> got(n + 1, 77);
+          float scale = -1;
+          quantize(t.x.data(), n, got.data(), &scale);
+          ++rows;
+          ASSERT_EQ(scale, t.scale) << what << " n " << n << " s 2^" << s_exponent;
+          for (std::size_t c = 0; c < n; ++c) {
+            ASSERT_EQ(static_cast<int>(got[c]), t.want[c])
+                << what << " n " << n << " c " << c << " s 2^" << s_exponent << ": x / s = " << t.x[c] / t.scale;
+          }
+          ASSERT_EQ(got[n], 77) << what << " wrote past n = " << n;
+        }
+      }
+    }
+  }
+  ASSERT_GT(rows, 0u);
+}
+
+TEST(KvRowsStore, Int8TiesRoundToEvenOnEveryArchitecture) {
+  const auto ran = rope_test::for_each_arch<float>([](auto arch) {
+    using Arch = decltype(arch);
+    expect_int8_ties(Arch::name(), [](const float* x, std::size_t n, std::int8_t* out, float* scale) {
+      rope::store_kv_row<Arch>(x, n, out, scale);
+    });
+  });
+  EXPECT_FALSE(ran.empty()) << "no architecture of this build runs on this CPU";
+}
+
+TEST(KvRowsStore, Int8ReferenceTiesRoundToEven) {
+  expect_int8_ties("reference::quantize_int8", [](const float* x, std::size_t n, std::int8_t* out, float* scale) {
+    rope::reference::quantize_int8(x, n, out, scale);
+  });
 }
 
 }  // namespace
