@@ -48,10 +48,12 @@ long double bound_ulps() {
   return std::is_same<T, float>::value ? kFloatUlps : kDoubleUlps;
 }
 
-// A row (rope::angles' or a table's) against the library's angle.
 template <class T>
-void expect_library_row_within(const T* c, const T* s, const rope::Frequencies& f, std::size_t m, long double bound) {
-  for (std::size_t p = 0; p < f.inv_freq.size(); ++p) {
+void expect_angles_within(const rope::Frequencies& f, std::size_t m, long double bound) {
+  const std::size_t pairs = f.inv_freq.size();
+  std::vector<T> c(pairs), s(pairs);
+  rope::angles(f, m, c.data(), s.data());
+  for (std::size_t p = 0; p < pairs; ++p) {
     const long double ec = rope_test::exact_cos(m, f.inv_freq[p], f.attention_factor);
     const long double es = rope_test::exact_sin(m, f.inv_freq[p], f.attention_factor);
     ASSERT_LE(rope_test::ulps(c[p], ec), bound) << "cos m=" << m << " p=" << p << " got " << c[p];
@@ -59,12 +61,41 @@ void expect_library_row_within(const T* c, const T* s, const rope::Frequencies& 
   }
 }
 
+// Row m of T, rope::angles' or a table's, against exact values: each entry
+// within the ulp bound of T at the exact value plus slack[p].
 template <class T>
-void expect_angles_within(const rope::Frequencies& f, std::size_t m, long double bound) {
+void expect_row_near(const T* c, const T* s, const std::vector<long double>& ec, const std::vector<long double>& es,
+                     const std::vector<long double>& slack, std::size_t m, const char* what) {
+  for (std::size_t p = 0; p < ec.size(); ++p) {
+    const long double bound_c = bound_ulps<T>() * rope_test::ulp_at<T>(ec[p]) + slack[p];
+    const long double bound_s = bound_ulps<T>() * rope_test::ulp_at<T>(es[p]) + slack[p];
+    ASSERT_LE(std::fabs(static_cast<long double>(c[p]) - ec[p]), bound_c)
+        << what << " cos m=" << m << " p=" << p << " got " << c[p] << " exact " << static_cast<double>(ec[p]);
+    ASSERT_LE(std::fabs(static_cast<long double>(s[p]) - es[p]), bound_s)
+        << what << " sin m=" << m << " p=" << p << " got " << s[p] << " exact " << static_cast<double>(es[p]);
+  }
+}
+
+// Rows of float and double tables and of rope::angles at positions 0 ..
+// 2047 against exact(m, ec, es, slack), evaluated once per position.
+template <class Exact>
+void expect_rows_near(const rope::Frequencies& f, std::size_t step, Exact&& exact) {
   const std::size_t pairs = f.inv_freq.size();
-  std::vector<T> c(pairs), s(pairs);
-  rope::angles(f, m, c.data(), s.data());
-  expect_library_row_within(c.data(), s.data(), f, m, bound);
+  const rope::Table<float> tf(f, 2048);
+  const rope::Table<double> td(f, 2048);
+  std::vector<float> cf(pairs), sf(pairs);
+  std::vector<double> cd(pairs), sd(pairs);
+  std::vector<long double> ec(pairs), es(pairs), slack(pairs, 0.0L);
+  for (std::size_t m = 0; m < 2048; m += step) {
+    exact(m, ec, es, slack);
+    rope::angles(f, m, cf.data(), sf.data());
+    rope::angles(f, m, cd.data(), sd.data());
+    expect_row_near(cf.data(), sf.data(), ec, es, slack, m, "float angles");
+    expect_row_near(cd.data(), sd.data(), ec, es, slack, m, "double angles");
+    expect_row_near(tf.cos(m), tf.sin(m), ec, es, slack, m, "float table");
+    expect_row_near(td.cos(m), td.sin(m), ec, es, slack, m, "double table");
+    if (::testing::Test::HasFatalFailure()) return;  // one report, not one per position
+  }
 }
 
 // Rows of a table and of rope::angles against the math: for plain
@@ -81,56 +112,32 @@ void expect_angles_within(const rope::Frequencies& f, std::size_t m, long double
 // float but for entries next to zero. The scaled schedules (Llama 3, YaRN),
 // whose theta_p test_frequencies rebuilds from the papers, are held to the
 // same ulp bounds against the library's angle.
-template <class T>
-void expect_row_within_the_math(const T* c, const T* s, const std::vector<long double>& theta, std::size_t m,
-                                const char* what) {
-  for (std::size_t p = 0; p < theta.size(); ++p) {
-    const long double angle = static_cast<long double>(m) * theta[p];
-    const long double ec = std::cos(angle), es = std::sin(angle);
-    const long double slack = angle * 0x1p-51L + 0x1p-60L;
-    const long double bound_c = bound_ulps<T>() * rope_test::ulp_at<T>(ec) + slack;
-    const long double bound_s = bound_ulps<T>() * rope_test::ulp_at<T>(es) + slack;
-    ASSERT_LE(std::fabs(static_cast<long double>(c[p]) - ec), bound_c)
-        << what << " cos m=" << m << " p=" << p << " got " << c[p] << " exact " << static_cast<double>(ec);
-    ASSERT_LE(std::fabs(static_cast<long double>(s[p]) - es), bound_s)
-        << what << " sin m=" << m << " p=" << p << " got " << s[p] << " exact " << static_cast<double>(es);
-  }
-}
-
-template <class T>
-void expect_rows_within_the_math(std::size_t rotary_dim, double base) {
-  std::vector<long double> theta(rotary_dim / 2);
-  for (std::size_t p = 0; p < theta.size(); ++p) {
-    theta[p] = std::pow(static_cast<long double>(base), -2.0L * static_cast<long double>(p) / rotary_dim);
-  }
-  const auto f = rope::frequencies(rotary_dim, base);
-  const rope::Table<T> table(f, 2048);
-  std::vector<T> c(theta.size()), s(theta.size());
-  for (std::size_t m = 0; m < 2048; ++m) {
-    rope::angles(f, m, c.data(), s.data());
-    expect_row_within_the_math(c.data(), s.data(), theta, m, "angles");
-    expect_row_within_the_math(table.cos(m), table.sin(m), theta, m, "table");
-  }
-}
-
 TEST(Angles, RowsOfTablesAndAnglesWithinTheStatedUlpsOfTheMath) {
   for (const auto& [rotary_dim, base] : {std::pair<std::size_t, double>{128, 500000.0},
                                          {6, 10000.0},   // shorter than one batch
                                          {34, 10000.0},  // a partial last batch
                                          {64, 1e6}}) {
     SCOPED_TRACE("rotary_dim " + std::to_string(rotary_dim) + " base " + std::to_string(base));
-    expect_rows_within_the_math<float>(rotary_dim, base);
-    expect_rows_within_the_math<double>(rotary_dim, base);
+    std::vector<long double> theta(rotary_dim / 2);
+    for (std::size_t p = 0; p < theta.size(); ++p) {
+      theta[p] = std::pow(static_cast<long double>(base), -2.0L * static_cast<long double>(p) / rotary_dim);
+    }
+    expect_rows_near(rope::frequencies(rotary_dim, base), 1, [&](std::size_t m, auto& ec, auto& es, auto& slack) {
+      for (std::size_t p = 0; p < theta.size(); ++p) {
+        const long double angle = static_cast<long double>(m) * theta[p];
+        ec[p] = std::cos(angle);
+        es[p] = std::sin(angle);
+        slack[p] = angle * 0x1p-51L + 0x1p-60L;
+      }
+    });
   }
   for (const auto& f : schedules()) {
-    const rope::Table<float> tf(f, 2048);
-    const rope::Table<double> td(f, 2048);
-    for (std::size_t m = 0; m < 2048; m += 3) {
-      expect_angles_within<float>(f, m, kFloatUlps);
-      expect_angles_within<double>(f, m, kDoubleUlps);
-      expect_library_row_within(tf.cos(m), tf.sin(m), f, m, kFloatUlps);
-      expect_library_row_within(td.cos(m), td.sin(m), f, m, kDoubleUlps);
-    }
+    expect_rows_near(f, 3, [&](std::size_t m, auto& ec, auto& es, auto&) {
+      for (std::size_t p = 0; p < f.inv_freq.size(); ++p) {
+        ec[p] = rope_test::exact_cos(m, f.inv_freq[p], f.attention_factor);
+        es[p] = rope_test::exact_sin(m, f.inv_freq[p], f.attention_factor);
+      }
+    });
   }
 }
 
