@@ -21,5 +21,7 @@
 
 #include "attention/features.hpp"
 #include "attention/linear.hpp"
+#include "attention/mla_append.hpp"
+#include "attention/mla_attend.hpp"
 #include "attention/serving.hpp"
 #include "attention/softmax.hpp"

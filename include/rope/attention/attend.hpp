@@ -44,6 +44,7 @@
 #include "logits.hpp"
 #include "masks.hpp"
 #include "plan.hpp"
+#include "sparse.hpp"
 
 namespace rope::attention {
 
@@ -56,17 +57,6 @@ struct AttendParams {
   Mask mask;
   std::size_t chunk = kAttendMaxChunk;  // min(kv_split, kAttendMaxChunk): keys per chunk of scores
 };
-
-// The keys a query at position p of a sequence of `length` keys sees: [lo, hi).
-inline void visible_keys(std::int64_t p, std::int64_t length, const Mask& mask, std::size_t* lo,
-                         std::size_t* hi) noexcept {
-  const std::int64_t h = mask.causal ? std::min(length, p + 1) : length;
-  std::int64_t l = 0;
-  const auto w = static_cast<std::int64_t>(mask.window);
-  if (mask.window > 0 && p - w + 1 > 0) l = p - w + 1;
-  *lo = static_cast<std::size_t>(l);
-  *hi = static_cast<std::size_t>(std::max(l, h));
-}
 
 // The per-worker rows of an attend call.
 struct AttendScratch {
@@ -113,8 +103,8 @@ template <class Q, class E, class O, class Arch>
 class AttendRun {
  public:
   AttendRun(const Plan& plan, const PagedCache<E>& cache, const View<const Q>& q, const View<O>& out, float* lse,
-            const AttendParams& p, float* partials) noexcept
-      : plan_(plan), q_(q), out_(out), lse_(lse), p_(p), partials_(partials) {
+            const AttendParams& p, const AttendWork& work, float* partials) noexcept
+      : plan_(plan), q_(q), out_(out), lse_(lse), p_(p), work_(work), partials_(partials) {
     keys_.k = cache.k.data;
     keys_.v = cache.v.data;
     keys_.k_scales = cache.k.scales;
@@ -135,9 +125,15 @@ class AttendRun {
     keys_.softcap = p.logits.softcap;
   }
 
-  // Item i's keys cut to what its token sees: [first, first + count).
+  // Item i's keys cut to what its token sees: [first, first + count) (a
+  // sparse item's list was checked against the mask: all of it).
   void cut(std::size_t i, std::size_t* first, std::size_t* count) const noexcept {
-    const WorkItem& it = plan_.items()[i];
+    const WorkItem& it = work_.layout->items[i];
+    if (work_.sparse != nullptr) {
+      *first = it.first_key;
+      *count = it.keys;
+      return;
+    }
     std::size_t lo = 0, hi = 0;
     visible_keys(plan_.position(it.token), PlanAccess::lengths(plan_)[it.sequence], p_.mask, &lo, &hi);
     const std::size_t a = std::max(lo, it.first_key), b = std::min(hi, it.first_key + it.keys);
@@ -148,7 +144,7 @@ class AttendRun {
   // One item: its query rows, its keys, then its rows written or its
   // partial state kept.
   void item(std::size_t index, AttendScratch s) const noexcept {
-    const WorkItem& it = plan_.items()[index];
+    const WorkItem& it = work_.layout->items[index];
     const std::size_t H = p_.q_heads, dv = p_.dv;
     std::size_t first = 0, count = 0;
     cut(index, &first, &count);
@@ -161,6 +157,7 @@ class AttendRun {
     keys.pages = PlanAccess::pages_of(plan_, it.sequence);
     keys.first_key = first;
     keys.keys = count;
+    if (work_.sparse != nullptr) keys.positions = work_.sparse + work_.sparse_at[it.token];
     attend_keys_of<E, Arch>(keys, s.q, s.work, s.m, s.l, s.acc);
     if (it.partial == WorkItem::kDirect) {
       finish(it.token, true, s);
@@ -175,7 +172,7 @@ class AttendRun {
   // One token of several items: their partial states merged in item order
   // (those the mask left empty skipped).
   void merge(std::size_t index, AttendScratch s) const noexcept {
-    const TokenMerge& mg = PlanAccess::merges(plan_)[index];
+    const TokenMerge& mg = work_.layout->merges[index];
     const std::size_t H = p_.q_heads, dv = p_.dv;
     bool sees = false;
     for (std::size_t h = 0; h < H; ++h) {
@@ -188,7 +185,7 @@ class AttendRun {
       cut(mg.first_item + k, &first, &count);
       if (count == 0) continue;
       sees = true;
-      const float* part = partial(plan_.items()[mg.first_item + k].partial);
+      const float* part = partial(work_.layout->items[mg.first_item + k].partial);
       for (std::size_t h = 0; h < H; ++h) {
         rope::detail::merge_state(s.m[h], s.l[h], s.acc + h * dv, part[H * dv + h], part[H * dv + H + h], part + h * dv,
                                   dv);
@@ -215,6 +212,7 @@ class AttendRun {
   View<O> out_;
   float* lse_;
   const AttendParams& p_;
+  const AttendWork& work_;
   float* partials_;
   KvKeys<E> keys_;
 };
@@ -222,16 +220,16 @@ class AttendRun {
 // The attention of a checked call.
 template <class Q, class E, class O, class Arch>
 void run_attend(const Plan& plan, const PagedCache<E>& cache, const View<const Q>& q, const View<O>& out, float* lse,
-                const AttendParams& p) {
+                const AttendParams& p, const AttendWork& work) {
   PlanScratch& ws = PlanAccess::scratch(plan);
-  ws.partials.resize(PlanAccess::partials(plan) * p.q_heads * (p.dv + 2));
-  const std::size_t items = plan.items().size();
+  ws.partials.resize(work.layout->partials * p.q_heads * (p.dv + 2));
+  const std::size_t items = work.layout->items.size();
   const std::size_t threads = std::max<std::size_t>(1, plan.threads().shares());
   const std::size_t workers = std::max<std::size_t>(1, std::min(threads, items));
   const std::size_t per = scratch_floats(p);
   ws.rows.resize(workers * per + rope::detail::kLineFloats);
   float* base = rope::detail::line_start(ws.rows);
-  const AttendRun<Q, E, O, Arch> run(plan, cache, q, out, lse, p, ws.partials.data());
+  const AttendRun<Q, E, O, Arch> run(plan, cache, q, out, lse, p, work, ws.partials.data());
   const Executor& executor = plan.threads().executor;
   // Shares of about equal numbers of keys (and a few keys' worth per item,
   // its rows' setup): the parts of a long cache and a short one's keys are
@@ -244,7 +242,7 @@ void run_attend(const Plan& plan, const PagedCache<E>& cache, const View<const Q
         return count + kItemCost;
       },
       [&](std::size_t i, std::size_t w) { run.item(i, scratch_at(base + w * per, p)); });
-  rope::detail::parallel_for(PlanAccess::merges(plan).size(), threads, executor,
+  rope::detail::parallel_for(work.layout->merges.size(), threads, executor,
                              [&](std::size_t i, std::size_t w) { run.merge(i, scratch_at(base + w * per, p)); });
 }
 
@@ -297,7 +295,14 @@ void attend_call(const Plan& plan, const PagedCache<E>& cache, const View<const 
   p.logits = detail::check_logits<float>(fn, "logits", logits, s.q_heads, s.head_dim);
   p.mask = mask;
   p.chunk = std::min<std::size_t>(s.kv_split, kAttendMaxChunk);
-  detail::run_attend<Q, E, O, arch_of<Arch>>(plan, cache, q, out, lse, p);
+  AttendWork work;
+  work.layout = &PlanAccess::work(plan);
+  if (mask.indices != nullptr) {
+    PlanScratch& ws = PlanAccess::scratch(plan);
+    sparse_lists(fn, plan, mask, ws);
+    work = {&ws.call_work, ws.sparse.data(), ws.sparse_at.data()};
+  }
+  detail::run_attend<Q, E, O, arch_of<Arch>>(plan, cache, q, out, lse, p, work);
 }
 
 }  // namespace detail

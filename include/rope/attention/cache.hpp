@@ -92,6 +92,47 @@ struct PagedCache {
   }
 };
 
+// MLA's latent cache (DeepSeek V2/V3, Kimi K2, GLM-4.7-Flash, GLM-5): per
+// token one row shared by every query head, [c_kv (latent_dim) | k_pe
+// (rope_dim, rotated)], in pages of page_size rows: row (page p, offset o)
+// at data + p * page_stride + o * token_stride, its width values
+// contiguous. The keys are the whole rows, the values their first
+// latent_dim values: a view of the same rows, never a copy. int8 rows carry
+// two scales, at scales[2 * slot] for the latent part and [2 * slot + 1]
+// for the rope part: c_kv leaves an RMSNorm and k_pe a projection, of
+// magnitudes that need not be alike, and one scale for both would spend the
+// rope part's 8 bits on the latent's range (or the other way round).
+template <class E>
+struct LatentCache {
+  E* data = nullptr;
+  float* scales = nullptr;  // int8 only: 2 per slot
+  std::size_t pages = 0;
+  std::size_t page_size = 0;
+  std::size_t latent_dim = 0;                     // kv_lora_rank
+  std::size_t rope_dim = 0;                       // qk_rope_head_dim
+  std::size_t page_stride = 0, token_stride = 0;  // in elements
+
+  // [pages, page_size, latent_dim + rope_dim], dense.
+  static LatentCache dense(E* data, std::size_t pages, std::size_t page_size, std::size_t latent_dim,
+                           std::size_t rope_dim, float* scales = nullptr) noexcept {
+    const std::size_t w = latent_dim + rope_dim;
+    return {data, scales, pages, page_size, latent_dim, rope_dim, page_size * w, w};
+  }
+  // One sequence's contiguous cache of `capacity` rows: one page.
+  static LatentCache contiguous(E* data, std::size_t capacity, std::size_t latent_dim, std::size_t rope_dim,
+                                float* scales = nullptr) noexcept {
+    return dense(data, 1, capacity, latent_dim, rope_dim, scales);
+  }
+
+  std::size_t width() const noexcept { return latent_dim + rope_dim; }
+  std::size_t slots() const noexcept { return pages * page_size; }
+  // Unchecked: slot < slots().
+  E* row(std::size_t slot) const noexcept {
+    return data + (slot / page_size) * page_stride + (slot % page_size) * token_stride;
+  }
+  float* scale(std::size_t slot) const noexcept { return scales + 2 * slot; }
+};
+
 namespace detail {
 
 using rope::detail::fail;
@@ -153,6 +194,38 @@ void check_cache(const char* fn, const PagedCache<E>& c) {
     fail(fn, "cache.v.page_size", {"cache.k.page_size = ", c.k.page_size}, c.v.page_size);
   }
   if (c.v.heads != c.k.heads) fail(fn, "cache.v.heads", {"cache.k.heads = ", c.k.heads}, c.v.heads);
+}
+
+// A latent cache alone: sizes, rows and pages that do not overlap, scales
+// set exactly when E is int8.
+template <class E>
+void check_latent_cache(const char* fn, const LatentCache<E>& c) {
+  if (c.pages == 0) fail(fn, "cache.pages", "at least 1", c.pages);
+  if (c.page_size == 0) fail(fn, "cache.page_size", "at least 1", c.page_size);
+  if (c.latent_dim == 0) fail(fn, "cache.latent_dim", "at least 1", c.latent_dim);
+  if (c.rope_dim == 0 || c.rope_dim % 2 != 0) fail(fn, "cache.rope_dim", "even and at least 2", c.rope_dim);
+  if (c.data == nullptr) fail(fn, "cache.data", "non-null", nullptr);
+  if (c.page_size > 1 && c.token_stride < c.width()) {
+    fail(fn, "cache.token_stride", {">= the row's width ", c.width(), " (rows would overlap)"}, c.token_stride);
+  }
+  const std::size_t span = (c.page_size - 1) * c.token_stride + c.width();
+  if (c.pages > 1 && c.page_stride < span) {
+    fail(fn, "cache.page_stride", {">= ", span, " (pages would overlap)"}, c.page_stride);
+  }
+  if (rope::detail::product_above(std::max(c.page_stride, span), c.pages, rope::detail::kMaxViewBytes / sizeof(E))) {
+    fail(fn, "cache.page_stride", "small enough to stay inside the address range", c.page_stride);
+  }
+  if (KvElement<E>::kScaled && c.scales == nullptr) {
+    fail(fn, "cache.scales", "non-null for an int8 cache (two scales per slot)", nullptr);
+  }
+  if (!KvElement<E>::kScaled && c.scales != nullptr)
+    fail(fn, "cache.scales", "null: only an int8 cache has scales", "set");
+}
+
+// The elements a latent cache spans from data.
+template <class E>
+std::size_t latent_span(const LatentCache<E>& c) noexcept {
+  return (c.pages - 1) * c.page_stride + (c.page_size - 1) * c.token_stride + c.width();
 }
 
 // Whether [a, a + an) and [b, b + bn) (elements of A and B) share a byte.

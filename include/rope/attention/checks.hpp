@@ -45,6 +45,9 @@ inline void check_offset(const char* fn, const char* name, bool used, std::int64
 // The options every attention call shares, against Lq queries and Lk keys.
 inline void check_mask_options(const char* fn, const MaskOptions& o, std::size_t lq, std::size_t lk) {
   rope::detail::check_threads(fn, "options.threads", o.threads);
+  if (o.mask.indices != nullptr) {
+    fail(fn, "options.mask.indices", "null: sparse attention is the serving path's (attend)", "a list");
+  }
   check_size(fn, "options.q_positions", o.q_positions, lq);
   check_size(fn, "options.k_positions", o.k_positions, lk);
   check_size(fn, "options.q_sequence", o.q_sequence, lq);

@@ -28,6 +28,14 @@ namespace rope::attention {
 struct Mask {
   bool causal = true;
   std::size_t window = 0;  // > 0: key j visible to query i only if pk_j > pq_i - window
+  // Sparse attention (DeepSeek V3.2's and GLM-5's top-k; the serving path's
+  // attend only): new token t sees only the keys at the positions
+  // indices[t * index_stride + i], i < topk, -1 for none; every listed
+  // position must be one the rest of the mask lets it see (never silently
+  // dropped), none listed twice. Null: no list.
+  const std::int32_t* indices = nullptr;
+  std::size_t topk = 0;
+  std::size_t index_stride = 0;  // 0: topk
 };
 
 // What the one-head and multi-head softmax and linear calls share: the
@@ -134,6 +142,17 @@ inline Visibility visibility_of(const MaskOptions& o) noexcept {
   vis.q_sequence = o.q_sequence.empty() ? nullptr : o.q_sequence.data();
   vis.k_sequence = o.k_sequence.empty() ? nullptr : o.k_sequence.data();
   return vis;
+}
+
+// The keys a query at position p of a sequence of `length` keys sees: [lo, hi).
+inline void visible_keys(std::int64_t p, std::int64_t length, const Mask& mask, std::size_t* lo,
+                         std::size_t* hi) noexcept {
+  const std::int64_t h = mask.causal ? std::min(length, p + 1) : length;
+  std::int64_t l = 0;
+  const auto w = static_cast<std::int64_t>(mask.window);
+  if (mask.window > 0 && p - w + 1 > 0) l = p - w + 1;
+  *lo = static_cast<std::size_t>(l);
+  *hi = static_cast<std::size_t>(std::max(l, h));
 }
 
 }  // namespace detail

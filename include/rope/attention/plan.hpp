@@ -68,6 +68,19 @@ struct Shape {
     s.pages = cache.k.pages;
     return s;
   }
+  // MLA: one key/value head, keys the latent rows (latent_dim + rope_dim),
+  // values their latent part.
+  template <class E>
+  static Shape of(const LatentCache<E>& cache, std::size_t q_heads) noexcept {
+    Shape s;
+    s.q_heads = q_heads;
+    s.kv_heads = 1;
+    s.head_dim = cache.width();
+    s.v_head_dim = cache.latent_dim;
+    s.page_size = cache.page_size;
+    s.pages = cache.pages;
+    return s;
+  }
   std::size_t dv() const noexcept { return v_head_dim == 0 ? head_dim : v_head_dim; }
 };
 
@@ -89,6 +102,7 @@ struct Batch {
 struct WorkItem {
   std::size_t sequence, token, first_key, keys;
   std::size_t partial;
+  std::size_t tokens = 1;  // new tokens token .. token + tokens - 1 (MLA's blocks of a chunk)
   static constexpr std::size_t kDirect = static_cast<std::size_t>(-1);
 };
 
@@ -101,10 +115,48 @@ struct TokenMerge {
   std::size_t token, first_item, items;
 };
 
+// Work items and the merges of tokens split over several of them.
+struct WorkLayout {
+  std::vector<WorkItem> items;
+  std::vector<TokenMerge> merges;
+  std::size_t partials = 0;
+
+  void clear() noexcept {
+    items.clear();
+    merges.clear();
+    partials = 0;
+  }
+  // Token t of `sequence` over `count` keys: one item, or (split) parts of
+  // `split` keys aligned at multiples of split, merged in order.
+  void add(std::size_t sequence, std::size_t t, std::size_t count, std::size_t split, bool split_keys) {
+    const std::size_t first = items.size();
+    if (split_keys) {
+      for (std::size_t k = 0; k < count;) {
+        const std::size_t end = std::min(count, (k / split + 1) * split);
+        items.push_back({sequence, t, k, end - k, WorkItem::kDirect, 1});
+        k = end;
+      }
+    } else {
+      items.push_back({sequence, t, 0, count, WorkItem::kDirect, 1});
+    }
+    // A token of no item (no keys) is a merge of none: a zero row.
+    const std::size_t made = items.size() - first;
+    if (made != 1) {
+      merges.push_back({t, first, made});
+      for (std::size_t k = first; k < items.size(); ++k) items[k].partial = partials++;
+    }
+  }
+};
+
 // What the calls that read a plan write between steps (rope's own).
 struct PlanScratch {
   std::vector<float> partials;
   std::vector<float> rows;
+  // Sparse attention: each token's positions, sorted, at sparse_at[t] ..
+  // sparse_at[t + 1]; and a call's own work (sparse lists, MLA's blocks).
+  std::vector<std::int32_t> sparse;
+  std::vector<std::size_t> sparse_at;
+  WorkLayout call_work;
 };
 
 struct PlanAccess;
@@ -125,7 +177,7 @@ class Plan {
   // Q itself (rope::apply with rope::Positions(plan.positions())).
   const std::int64_t* positions() const noexcept { return positions_.data(); }
   // The work items, in the order of their tokens (see WorkItem).
-  const std::vector<WorkItem>& items() const noexcept { return items_; }
+  const std::vector<WorkItem>& items() const noexcept { return work_.items; }
 
  private:
   friend struct detail::PlanAccess;
@@ -137,9 +189,7 @@ class Plan {
   std::vector<std::int32_t> pages_;    // each sequence's page ids, the pages it reads
   std::vector<std::int64_t> positions_, slots_;
   std::vector<std::size_t> token_sequence_;
-  std::vector<WorkItem> items_;
-  std::vector<detail::TokenMerge> merges_;
-  std::size_t partials_ = 0;
+  detail::WorkLayout work_;
   // The first new token written into a page another sequence reads (append
   // refuses the step), or tokens(): none.
   std::size_t shared_write_ = 0;
@@ -163,8 +213,7 @@ struct PlanAccess {
     return p.pages_.data() + p.table_at_[b];
   }
   static std::size_t sequence_of(const Plan& p, std::size_t t) noexcept { return p.token_sequence_[t]; }
-  static const std::vector<TokenMerge>& merges(const Plan& p) noexcept { return p.merges_; }
-  static std::size_t partials(const Plan& p) noexcept { return p.partials_; }
+  static const WorkLayout& work(const Plan& p) noexcept { return p.work_; }
   static std::size_t shared_write(const Plan& p) noexcept { return p.shared_write_; }
   static PlanScratch& scratch(const Plan& p) noexcept { return p.scratch_; }
 
@@ -268,30 +317,12 @@ inline void PlanAccess::derive_tokens(Plan& p) {
 
 // The items and merges of the step (see the header comment).
 inline void PlanAccess::lay_out(Plan& p) {
-  p.items_.clear();
-  p.merges_.clear();
-  p.partials_ = 0;
-  const std::size_t split = p.shape_.kv_split;
+  p.work_.clear();
   for (std::size_t b = 0; b < p.lengths_.size(); ++b) {
     const std::int64_t n = p.q_starts_[b + 1] - p.q_starts_[b];
-    const auto len = static_cast<std::size_t>(p.lengths_[b]);
     for (std::int64_t i = 0; i < n; ++i) {
-      const auto t = static_cast<std::size_t>(p.q_starts_[b] + i);
-      const std::size_t first = p.items_.size();
-      if (n == 1) {
-        for (std::size_t k = 0; k < len;) {
-          const std::size_t end = std::min(len, (k / split + 1) * split);
-          p.items_.push_back({b, t, k, end - k, WorkItem::kDirect});
-          k = end;
-        }
-      } else {
-        p.items_.push_back({b, t, 0, len, WorkItem::kDirect});
-      }
-      const std::size_t count = p.items_.size() - first;
-      if (count > 1) {
-        p.merges_.push_back({t, first, count});
-        for (std::size_t k = first; k < p.items_.size(); ++k) p.items_[k].partial = p.partials_++;
-      }
+      p.work_.add(b, static_cast<std::size_t>(p.q_starts_[b] + i), static_cast<std::size_t>(p.lengths_[b]),
+                  p.shape_.kv_split, n == 1);
     }
   }
 }
