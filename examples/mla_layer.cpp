@@ -15,7 +15,7 @@
 //   - out_h = W_UV_h out_lat_h (the engine's matmul).
 // Checked against the unabsorbed MLA written here from the math in double:
 // per head k_h = [W_UK_h c_kv_j | k_pe_j], v_h = W_UV_h c_kv_j, the softmax of
-// scale * q_h . k_h. Exits 1 unless every output agrees within 1e-4 (relative
+// scale * q_h . k_h. Exits 1 unless every output agrees within 1e-5 (relative
 // to the largest) when both read the stored bf16 rows: what is left is float
 // rounding and the order of summation. It also prints the difference
 // against the unrounded rows (bf16's rounding, bounded in docs/attention.md).
