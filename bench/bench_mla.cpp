@@ -19,6 +19,14 @@
 //   dsa_decode/bf16/T1     16 sequences of 32768 cached rows, each new token
 //                          attending to 2048 of them (top-k indices)
 //   dsa_decode/gemm        per sequence the GEMMs over 2048 contiguous rows
+//   mla_prefill_sweep/absorbed/L<n>    a fresh prompt of n tokens, absorbed,
+//                          timed against the unabsorbed form of the same
+//                          prompt in the same iterations (vs_unabsorbed:
+//                          above 1, the absorbed form is the faster)
+//   mla_prefill_sweep/unabsorbed/L<n>  the unabsorbed form alone: the rows
+//                          up-projected to per-head K (128 + 64 rope) and V
+//                          (128) by one GEMM, then the multi-head causal
+//                          softmax over them (rope::attention::softmax)
 // The plan of a step is made once, outside the timing. The cache rows are
 // random values of the cache's type (int8 with random scales).
 #include <benchmark/benchmark.h>
@@ -244,6 +252,63 @@ void dsa_decode_gemm(benchmark::State& state) {
   set_flops(state, decode_macs(std::vector<std::int64_t>(16, 0), kTopK));
 }
 
+// The unabsorbed form of a fresh prompt of n tokens: the latent rows
+// up-projected by W [512 x heads * (128 + 128)], each head's K the nope part
+// with the shared rope part beside it, then the causal softmax over views.
+struct Unabsorbed {
+  static constexpr std::size_t kNope = 128, kV = 128, kQk = kNope + kRope;
+  std::size_t n;
+  Mat latent, weights, kv;
+  std::vector<float> q, k, v, out, k_pe;
+  explicit Unabsorbed(std::size_t tokens) : n(tokens) {
+    Noise noise{31};
+    const auto rows = static_cast<Eigen::Index>(n);
+    latent = Mat::NullaryExpr(rows, kLatent, [&] { return noise(); });
+    weights =
+        Mat::NullaryExpr(kLatent, static_cast<Eigen::Index>(kHeads * (kNope + kV)), [&] { return 0.05f * noise(); });
+    kv.resize(rows, static_cast<Eigen::Index>(kHeads * (kNope + kV)));
+    q.resize(n * kHeads * kQk);
+    k.resize(n * kHeads * kQk);
+    v.resize(n * kHeads * kV);
+    out.resize(n * kHeads * kV);
+    k_pe.resize(n * kRope);
+    for (float& x : q) x = noise();
+    for (float& x : k_pe) x = noise();
+  }
+  void run() {
+    kv.noalias() = latent * weights;
+    for (std::size_t t = 0; t < n; ++t) {
+      const float* row = kv.row(static_cast<Eigen::Index>(t)).data();
+      for (std::size_t h = 0; h < kHeads; ++h) {
+        float* kh = &k[(t * kHeads + h) * kQk];
+        std::copy_n(row + h * (kNope + kV), kNope, kh);
+        std::copy_n(&k_pe[t * kRope], kRope, kh + kNope);
+        std::copy_n(row + h * (kNope + kV) + kNope, kV, &v[(t * kHeads + h) * kV]);
+      }
+    }
+    ra::SoftmaxOptions o;  // causal; q and k rotated already
+    o.keys_rotated = true;
+    o.logits.scale = 0.1352;
+    ra::softmax<float>(rope::View<const float>::token_major(q.data(), n, kHeads, kQk),
+                       rope::View<const float>::token_major(k.data(), n, kHeads, kQk),
+                       rope::View<const float>::token_major(v.data(), n, kHeads, kV),
+                       rope::View<float>::token_major(out.data(), n, kHeads, kV), {}, o);
+    benchmark::DoNotOptimize(out.data());
+  }
+};
+
+void sweep_absorbed(benchmark::State& state, std::size_t n) {
+  MlaCase<rope::BFloat16> c({static_cast<std::int64_t>(n)}, n, 1);
+  Unabsorbed u(n);
+  rope_bench::paired(
+      state, "vs_unabsorbed", 1, [&] { u.run(); }, [&] { c.attend(); });
+}
+
+void sweep_unabsorbed(benchmark::State& state, std::size_t n) {
+  Unabsorbed u(n);
+  for (auto _ : state) u.run();
+}
+
 template <class E>
 void register_decode(const char* kv) {
   for (const std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
@@ -273,6 +338,15 @@ const bool kRegistered = [] {
   benchmark::RegisterBenchmark("attention/dsa_decode/gemm", dsa_decode_gemm)
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime();
+  for (const std::size_t n : {std::size_t{128}, std::size_t{256}, std::size_t{512}, std::size_t{1024}}) {
+    const std::string tail = "/L" + std::to_string(n);
+    benchmark::RegisterBenchmark(("attention/mla_prefill_sweep/absorbed" + tail).c_str(), sweep_absorbed, n)
+        ->Unit(benchmark::kMillisecond)
+        ->UseManualTime();
+    benchmark::RegisterBenchmark(("attention/mla_prefill_sweep/unabsorbed" + tail).c_str(), sweep_unabsorbed, n)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+  }
   return true;
 }();
 
