@@ -22,6 +22,7 @@
 #include "masks.hpp"
 #include "plan.hpp"
 #include "rotation.hpp"
+#include "shift.hpp"
 #include "state.hpp"
 
 // Header-only: the checked calls, compiled in this unit. With
