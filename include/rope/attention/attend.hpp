@@ -103,7 +103,7 @@ template <class Q, class E, class O, class Arch>
 class AttendRun {
  public:
   AttendRun(const Plan& plan, const PagedCache<E>& cache, const View<const Q>& q, const View<O>& out, float* lse,
-            const AttendParams& p, const AttendWork& work, float* partials) noexcept
+            const AttendParams& p, const WorkLayout& work, float* partials) noexcept
       : plan_(plan), q_(q), out_(out), lse_(lse), p_(p), work_(work), partials_(partials) {
     keys_.k = cache.k.data;
     keys_.v = cache.v.data;
@@ -128,8 +128,8 @@ class AttendRun {
   // Item i's keys cut to what its token sees: [first, first + count) (a
   // sparse item's list was checked against the mask: all of it).
   void cut(std::size_t i, std::size_t* first, std::size_t* count) const noexcept {
-    const WorkItem& it = work_.layout->items[i];
-    if (work_.sparse != nullptr) {
+    const WorkItem& it = work_.items[i];
+    if (it.key_list != nullptr) {
       *first = it.first_key;
       *count = it.keys;
       return;
@@ -144,7 +144,7 @@ class AttendRun {
   // One item: its query rows, its keys, then its rows written or its
   // partial state kept.
   void item(std::size_t index, AttendScratch s) const noexcept {
-    const WorkItem& it = work_.layout->items[index];
+    const WorkItem& it = work_.items[index];
     const std::size_t H = p_.q_heads, dv = p_.dv;
     std::size_t first = 0, count = 0;
     cut(index, &first, &count);
@@ -157,7 +157,7 @@ class AttendRun {
     keys.pages = PlanAccess::pages_of(plan_, it.sequence);
     keys.first_key = first;
     keys.keys = count;
-    if (work_.sparse != nullptr) keys.positions = work_.sparse + work_.sparse_at[it.token];
+    keys.key_list = it.key_list;
     attend_keys_of<E, Arch>(keys, s.q, s.work, s.m, s.l, s.acc);
     if (it.partial == WorkItem::kDirect) {
       finish(it.token, true, s);
@@ -172,7 +172,7 @@ class AttendRun {
   // One token of several items: their partial states merged in item order
   // (those the mask left empty skipped).
   void merge(std::size_t index, AttendScratch s) const noexcept {
-    const TokenMerge& mg = work_.layout->merges[index];
+    const TokenMerge& mg = work_.merges[index];
     const std::size_t H = p_.q_heads, dv = p_.dv;
     bool sees = false;
     for (std::size_t h = 0; h < H; ++h) {
@@ -185,7 +185,7 @@ class AttendRun {
       cut(mg.first_item + k, &first, &count);
       if (count == 0) continue;
       sees = true;
-      const float* part = partial(work_.layout->items[mg.first_item + k].partial);
+      const float* part = partial(work_.items[mg.first_item + k].partial);
       for (std::size_t h = 0; h < H; ++h) {
         rope::detail::merge_state(s.m[h], s.l[h], s.acc + h * dv, part[H * dv + h], part[H * dv + H + h], part + h * dv,
                                   dv);
@@ -212,7 +212,7 @@ class AttendRun {
   View<O> out_;
   float* lse_;
   const AttendParams& p_;
-  const AttendWork& work_;
+  const WorkLayout& work_;
   float* partials_;
   KvKeys<E> keys_;
 };
@@ -220,10 +220,10 @@ class AttendRun {
 // The attention of a checked call.
 template <class Q, class E, class O, class Arch>
 void run_attend(const Plan& plan, const PagedCache<E>& cache, const View<const Q>& q, const View<O>& out, float* lse,
-                const AttendParams& p, const AttendWork& work) {
+                const AttendParams& p, const WorkLayout& work) {
   PlanScratch& ws = PlanAccess::scratch(plan);
-  ws.partials.resize(work.layout->partials * p.q_heads * (p.dv + 2));
-  const std::size_t items = work.layout->items.size();
+  ws.partials.resize(work.partials * p.q_heads * (p.dv + 2));
+  const std::size_t items = work.items.size();
   const std::size_t threads = std::max<std::size_t>(1, plan.threads().shares());
   const std::size_t workers = std::max<std::size_t>(1, std::min(threads, items));
   const std::size_t per = scratch_floats(p);
@@ -242,7 +242,7 @@ void run_attend(const Plan& plan, const PagedCache<E>& cache, const View<const Q
         return count + kItemCost;
       },
       [&](std::size_t i, std::size_t w) { run.item(i, scratch_at(base + w * per, p)); });
-  rope::detail::parallel_for(work.layout->merges.size(), threads, executor,
+  rope::detail::parallel_for(work.merges.size(), threads, executor,
                              [&](std::size_t i, std::size_t w) { run.merge(i, scratch_at(base + w * per, p)); });
 }
 
@@ -295,14 +295,14 @@ void attend_call(const Plan& plan, const PagedCache<E>& cache, const View<const 
   p.logits = detail::check_logits<float>(fn, "logits", logits, s.q_heads, s.head_dim);
   p.mask = mask;
   p.chunk = std::min<std::size_t>(s.kv_split, kAttendMaxChunk);
-  AttendWork work;
-  work.layout = &PlanAccess::work(plan);
+  check_tree_mask(fn, plan, mask);
+  const WorkLayout* work = &PlanAccess::work(plan);
   if (mask.indices != nullptr) {
     PlanScratch& ws = PlanAccess::scratch(plan);
     sparse_lists(fn, plan, mask, ws);
-    work = {&ws.call_work, ws.sparse.data(), ws.sparse_at.data()};
+    work = &ws.call_work;
   }
-  detail::run_attend<Q, E, O, arch_of<Arch>>(plan, cache, q, out, lse, p, work);
+  detail::run_attend<Q, E, O, arch_of<Arch>>(plan, cache, q, out, lse, p, *work);
 }
 
 }  // namespace detail

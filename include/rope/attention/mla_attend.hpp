@@ -73,8 +73,14 @@ inline void mla_layout(const Plan& plan, std::size_t heads, WorkLayout& out) {
     const auto n = static_cast<std::size_t>(q_starts[b + 1] - q_starts[b]);
     const auto len = static_cast<std::size_t>(PlanAccess::lengths(plan)[b]);
     const auto t0 = static_cast<std::size_t>(q_starts[b]);
-    if (n == 1) {
+    if (n == 1 && !PlanAccess::tree(plan, b)) {
       out.add(b, t0, len, plan.shape().kv_split, true);
+      continue;
+    }
+    if (PlanAccess::tree(plan, b)) {  // the plan's items, each over its token's list
+      for (const WorkItem& it : PlanAccess::work(plan).items) {
+        if (it.sequence == b) out.items.push_back(it);
+      }
       continue;
     }
     for (std::size_t t = t0; t < t0 + n; t += block) {
@@ -101,7 +107,7 @@ template <class QL, class QP, class E, class O, class Arch>
 class MlaRun {
  public:
   MlaRun(const Plan& plan, const LatentCache<E>& cache, const View<const QL>& q_lat, const View<const QP>& q_pe,
-         const View<O>& out, float* lse, const MlaParams& p, const AttendWork& work, float* partials) noexcept
+         const View<O>& out, float* lse, const MlaParams& p, const WorkLayout& work, float* partials) noexcept
       : plan_(plan),
         cache_(cache),
         q_lat_(q_lat),
@@ -115,8 +121,8 @@ class MlaRun {
   // Item i's keys: [first, first + count) of its positions (dense: cut to
   // what its tokens see together; sparse: its list, checked already).
   void cut(std::size_t i, std::size_t* first, std::size_t* count) const noexcept {
-    const WorkItem& it = work_.layout->items[i];
-    if (work_.sparse != nullptr) {
+    const WorkItem& it = work_.items[i];
+    if (it.key_list != nullptr) {
       *first = it.first_key;
       *count = it.keys;
       return;
@@ -131,7 +137,7 @@ class MlaRun {
   }
 
   void item(std::size_t index, MlaScratch& s) const {
-    const WorkItem& it = work_.layout->items[index];
+    const WorkItem& it = work_.items[index];
     const std::size_t rows = it.tokens * p_.heads;
     std::size_t first = 0, count = 0;
     cut(index, &first, &count);
@@ -158,7 +164,7 @@ class MlaRun {
   // One token of several items: their partial states merged in item order,
   // those left empty skipped.
   void merge(std::size_t index, MlaScratch& s) const {
-    const TokenMerge& mg = work_.layout->merges[index];
+    const TokenMerge& mg = work_.merges[index];
     const std::size_t H = p_.heads, L = p_.latent;
     s.m.assign(H, -std::numeric_limits<float>::infinity());
     s.l.assign(H, 0.0f);
@@ -169,7 +175,7 @@ class MlaRun {
       cut(mg.first_item + k, &first, &count);
       if (count == 0) continue;
       sees = true;
-      const float* part = partial(work_.layout->items[mg.first_item + k].partial);
+      const float* part = partial(work_.items[mg.first_item + k].partial);
       for (std::size_t h = 0; h < H; ++h) {
         rope::detail::merge_state(s.m[h], s.l[h], s.acc.row(static_cast<Eigen::Index>(h)).data(), part[H * L + h],
                                   part[H * L + H + h], part + h * L, L);
@@ -201,7 +207,7 @@ class MlaRun {
     }
     s.finite.assign(n, 1);
     const std::int32_t* pages = PlanAccess::pages_of(plan_, it.sequence);
-    const std::int32_t* list = work_.sparse != nullptr ? work_.sparse + work_.sparse_at[it.token] : nullptr;
+    const std::int32_t* list = it.key_list;
     for (std::size_t j = 0; j < n; ++j) {
       const std::size_t position = list != nullptr ? static_cast<std::size_t>(list[c + j]) : c + j;
       const std::size_t slot = static_cast<std::size_t>(pages[position / ps]) * ps + position % ps;
@@ -227,7 +233,7 @@ class MlaRun {
     }
     auto scores = s.scores.topLeftCorner(rows, ni);
     scores.noalias() = s.q * s.keys.topRows(ni).transpose();
-    const bool masked = work_.sparse == nullptr && it.tokens > 1;
+    const bool masked = it.key_list == nullptr && it.tokens > 1;
     bool masked_any = false;
     for (Eigen::Index r = 0; r < rows; ++r) {
       float* sr = scores.row(r).data();
@@ -298,7 +304,7 @@ class MlaRun {
   View<O> out_;
   float* lse_;
   const MlaParams& p_;
-  const AttendWork& work_;
+  const WorkLayout& work_;
   float* partials_;
 };
 
@@ -351,18 +357,17 @@ void attend(const Plan& plan, const LatentCache<E>& cache, const View<LV>& q_lat
   p.rope = cache.rope_dim;
   p.logits = detail::check_logits<float>(fn, "logits", logits, heads, cache.width());
   p.mask = mask;
+  detail::check_tree_mask(fn, plan, mask);
   detail::PlanScratch& ws = detail::PlanAccess::scratch(plan);
-  detail::AttendWork work;
   if (mask.indices != nullptr) {
     detail::sparse_lists(fn, plan, mask, ws);
-    work = {&ws.call_work, ws.sparse.data(), ws.sparse_at.data()};
   } else {
     detail::mla_layout(plan, heads, ws.call_work);
-    work.layout = &ws.call_work;
   }
-  ws.partials.resize(work.layout->partials * heads * (p.latent + 2));
+  const detail::WorkLayout& work = ws.call_work;
+  ws.partials.resize(work.partials * heads * (p.latent + 2));
   const detail::MlaRun<QL, QP, E, O, Arch> run(plan, cache, q_lat, q_pe, out, lse, p, work, ws.partials.data());
-  const std::size_t items = work.layout->items.size();
+  const std::size_t items = work.items.size();
   const std::size_t threads = std::max<std::size_t>(1, plan.threads().shares());
   std::vector<detail::MlaScratch> scratch(std::max<std::size_t>(1, std::min(threads, items)));
   const Executor& executor = plan.threads().executor;
@@ -371,10 +376,10 @@ void attend(const Plan& plan, const LatentCache<E>& cache, const View<LV>& q_lat
       [&](std::size_t i) {
         std::size_t first = 0, count = 0;
         run.cut(i, &first, &count);
-        return count * work.layout->items[i].tokens + detail::kItemCost;
+        return count * work.items[i].tokens + detail::kItemCost;
       },
       [&](std::size_t i, std::size_t w) { run.item(i, scratch[w]); });
-  rope::detail::parallel_for(work.layout->merges.size(), threads, executor,
+  rope::detail::parallel_for(work.merges.size(), threads, executor,
                              [&](std::size_t i, std::size_t w) { run.merge(i, scratch[w]); });
 }
 

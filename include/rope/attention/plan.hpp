@@ -42,6 +42,7 @@
 #include "../executor.hpp"
 #include "../tensor/checks.hpp"
 #include "cache.hpp"
+#include "tree.hpp"
 
 namespace rope::attention {
 
@@ -94,15 +95,29 @@ struct Batch {
   const std::int32_t* block_table = nullptr;
   std::size_t block_table_stride = 0;
   std::size_t sequences = 0;
+  // Tree verify (tree.hpp): null, no trees. Else per new token its depth in
+  // its sequence's tree, or -1 for each new token of a sequence that is not
+  // a tree; tree_masks holds new token t's row of tree_mask_words words at
+  // tree_masks + t * tree_mask_words (bit j: it sees its sequence's new
+  // token j; the rows of other sequences are not read).
+  const std::int32_t* tree_depths = nullptr;
+  const std::uint64_t* tree_masks = nullptr;
+  std::size_t tree_mask_words = 0;
 };
 
 // One work item: new token `token` of `sequence` over its keys
 // [first_key, first_key + keys) (before the mask), writing its row or, when
-// partial != kDirect, partial state number `partial`.
+// partial != kDirect, partial state number `partial`. Key j is the
+// sequence's j-th cached key (slot block_table[j / page_size] * page_size +
+// j % page_size), at position j unless the token is a tree's.
 struct WorkItem {
   std::size_t sequence, token, first_key, keys;
   std::size_t partial;
   std::size_t tokens = 1;  // new tokens token .. token + tokens - 1 (MLA's blocks of a chunk)
+  // Set: the item's keys are the sequence's keys key_list[first_key ..
+  // first_key + keys) (a sorted, checked list: a sparse or a tree token's),
+  // not first_key .. themselves.
+  const std::int32_t* key_list = nullptr;
   static constexpr std::size_t kDirect = static_cast<std::size_t>(-1);
 };
 
@@ -128,16 +143,18 @@ struct WorkLayout {
   }
   // Token t of `sequence` over `count` keys: one item, or (split) parts of
   // `split` keys aligned at multiples of split, merged in order.
-  void add(std::size_t sequence, std::size_t t, std::size_t count, std::size_t split, bool split_keys) {
+  // With key_list, the keys are that list's entries (WorkItem::key_list).
+  void add(std::size_t sequence, std::size_t t, std::size_t count, std::size_t split, bool split_keys,
+           const std::int32_t* key_list = nullptr) {
     const std::size_t first = items.size();
     if (split_keys) {
       for (std::size_t k = 0; k < count;) {
         const std::size_t end = std::min(count, (k / split + 1) * split);
-        items.push_back({sequence, t, k, end - k, WorkItem::kDirect, 1});
+        items.push_back({sequence, t, k, end - k, WorkItem::kDirect, 1, key_list});
         k = end;
       }
     } else {
-      items.push_back({sequence, t, 0, count, WorkItem::kDirect, 1});
+      items.push_back({sequence, t, 0, count, WorkItem::kDirect, 1, key_list});
     }
     // A token of no item (no keys) is a merge of none: a zero row.
     const std::size_t made = items.size() - first;
@@ -193,8 +210,10 @@ class Plan {
   // The first new token written into a page another sequence reads (append
   // refuses the step), or tokens(): none.
   std::size_t shared_write_ = 0;
-  std::vector<std::int32_t> owners_;  // per page: who reads it (plan()'s own)
-  bool valid_ = false;                // the last plan() into it succeeded
+  std::vector<std::int32_t> owners_;     // per page: who reads it (plan()'s own)
+  std::vector<unsigned char> tree_;      // per sequence: its new tokens are a tree
+  std::vector<std::int32_t> tree_keys_;  // the tree tokens' key lists (their items point in)
+  bool valid_ = false;                   // the last plan() into it succeeded
   mutable detail::PlanScratch scratch_;
 };
 
@@ -216,6 +235,10 @@ struct PlanAccess {
   static const WorkLayout& work(const Plan& p) noexcept { return p.work_; }
   static std::size_t shared_write(const Plan& p) noexcept { return p.shared_write_; }
   static PlanScratch& scratch(const Plan& p) noexcept { return p.scratch_; }
+  static bool tree(const Plan& p, std::size_t b) noexcept { return !p.tree_.empty() && p.tree_[b] != 0; }
+  static bool trees(const Plan& p) noexcept {
+    return std::any_of(p.tree_.begin(), p.tree_.end(), [](unsigned char t) { return t != 0; });
+  }
 
   static void begin(Plan& p) noexcept { p.valid_ = false; }
   static void set(Plan& p, const Shape& s, const Threads& threads) noexcept {
@@ -228,8 +251,8 @@ struct PlanAccess {
 
   static void check_shape(const char* fn, const Shape& s);
   static void copy_batch(const char* fn, Plan& p, const Batch& batch);
-  static void derive_tokens(Plan& p);
-  static void lay_out(Plan& p);
+  static void derive_tokens(Plan& p, const Batch& batch);
+  static void lay_out(Plan& p, const Batch& batch);
 };
 
 inline void PlanAccess::check_shape(const char* fn, const Shape& s) {
@@ -290,11 +313,17 @@ inline void PlanAccess::copy_batch(const char* fn, Plan& p, const Batch& batch) 
   }
   const std::int64_t last = batch.q_starts[batch.sequences];
   if (last < 0) fail(fn, {"batch.q_starts[", batch.sequences, "]"}, ">= 0", last);
+  p.tree_.assign(batch.tree_depths != nullptr ? batch.sequences : 0, 0);
+  for (std::size_t b = 0; b < p.tree_.size(); ++b) {
+    const auto t0 = static_cast<std::size_t>(batch.q_starts[b]);
+    const auto n = static_cast<std::size_t>(batch.q_starts[b + 1] - batch.q_starts[b]);
+    p.tree_[b] = check_tree(fn, b, t0, n, batch.tree_depths, batch.tree_masks, batch.tree_mask_words) ? 1 : 0;
+  }
 }
 
 // Each new token's sequence, position and slot, and the first one written
 // into a page another sequence reads.
-inline void PlanAccess::derive_tokens(Plan& p) {
+inline void PlanAccess::derive_tokens(Plan& p, const Batch& batch) {
   const std::size_t tokens = static_cast<std::size_t>(p.q_starts_.back()), ps = p.shape_.page_size;
   p.positions_.resize(tokens);
   p.slots_.resize(tokens);
@@ -305,9 +334,9 @@ inline void PlanAccess::derive_tokens(Plan& p) {
     const std::int32_t* row = p.pages_.data() + p.table_at_[b];
     for (std::int64_t i = 0; i < n; ++i) {
       const auto t = static_cast<std::size_t>(p.q_starts_[b] + i);
-      const auto pos = static_cast<std::size_t>(len - n + i);
+      const auto pos = static_cast<std::size_t>(len - n + i);  // the key's index, and its slot's
       const std::int32_t page = row[pos / ps];
-      p.positions_[t] = static_cast<std::int64_t>(pos);
+      p.positions_[t] = tree(p, b) ? len - n + batch.tree_depths[t] : static_cast<std::int64_t>(pos);
       p.slots_[t] = static_cast<std::int64_t>(static_cast<std::size_t>(page) * ps + pos % ps);
       p.token_sequence_[t] = b;
       if (p.owners_[static_cast<std::size_t>(page)] == -2 && t < p.shared_write_) p.shared_write_ = t;
@@ -316,13 +345,34 @@ inline void PlanAccess::derive_tokens(Plan& p) {
 }
 
 // The items and merges of the step (see the header comment).
-inline void PlanAccess::lay_out(Plan& p) {
+inline void PlanAccess::lay_out(Plan& p, const Batch& batch) {
   p.work_.clear();
+  // A tree token's keys, as a list the items point into: built first, so
+  // that it holds still.
+  std::vector<std::size_t> at;
+  p.tree_keys_.clear();
+  for (std::size_t b = 0; b < p.tree_.size(); ++b) {
+    if (p.tree_[b] == 0) continue;
+    const auto n = static_cast<std::size_t>(p.q_starts_[b + 1] - p.q_starts_[b]);
+    const auto cached = static_cast<std::size_t>(p.lengths_[b]) - n;
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto t = static_cast<std::size_t>(p.q_starts_[b]) + i;
+      at.push_back(p.tree_keys_.size());
+      tree_keys(batch.tree_masks + t * batch.tree_mask_words, cached, n, p.tree_keys_);
+    }
+  }
+  at.push_back(p.tree_keys_.size());
+  std::size_t next = 0;
   for (std::size_t b = 0; b < p.lengths_.size(); ++b) {
     const std::int64_t n = p.q_starts_[b + 1] - p.q_starts_[b];
     for (std::int64_t i = 0; i < n; ++i) {
-      p.work_.add(b, static_cast<std::size_t>(p.q_starts_[b] + i), static_cast<std::size_t>(p.lengths_[b]),
-                  p.shape_.kv_split, n == 1);
+      const auto t = static_cast<std::size_t>(p.q_starts_[b] + i);
+      if (tree(p, b)) {
+        p.work_.add(b, t, at[next + 1] - at[next], p.shape_.kv_split, false, p.tree_keys_.data() + at[next]);
+        ++next;
+        continue;
+      }
+      p.work_.add(b, t, static_cast<std::size_t>(p.lengths_[b]), p.shape_.kv_split, n == 1);
     }
   }
 }
@@ -359,8 +409,8 @@ inline void plan(Plan& p, const Shape& shape, const Batch& batch, const Threads&
   rope::detail::check_threads(fn, "threads", threads);
   detail::PlanAccess::set(p, shape, threads);
   detail::PlanAccess::copy_batch(fn, p, batch);
-  detail::PlanAccess::derive_tokens(p);
-  detail::PlanAccess::lay_out(p);
+  detail::PlanAccess::derive_tokens(p, batch);
+  detail::PlanAccess::lay_out(p, batch);
   detail::PlanAccess::finish(p);
 }
 

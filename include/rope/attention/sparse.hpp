@@ -27,13 +27,13 @@
 
 namespace rope::attention::detail {
 
-// The work of a call: the plan's items (dense), or those over each token's
-// sorted list of positions (sparse.hpp).
-struct AttendWork {
-  const WorkLayout* layout = nullptr;
-  const std::int32_t* sparse = nullptr;  // null: dense
-  const std::size_t* sparse_at = nullptr;
-};
+// A mask that a plan with tree sequences can take: their trees are their
+// masks (no window, no sparse list besides).
+inline void check_tree_mask(const char* fn, const Plan& plan, const Mask& mask) {
+  if (!PlanAccess::trees(plan)) return;
+  if (mask.window != 0) fail(fn, "mask.window", "0 for a batch with tree sequences", mask.window);
+  if (mask.indices != nullptr) fail(fn, "mask.indices", "null for a batch with tree sequences", "a list");
+}
 
 // The lists of mask (indices set) for the plan's tokens, into ws: sorted
 // positions, their starts per token, and the work over them. Throws, naming
@@ -72,8 +72,13 @@ inline void sparse_lists(const char* fn, const Plan& plan, const Mask& mask, Pla
       fail(fn, {"mask.indices[", t, "][", i - 1, "]"}, "a position not listed before for this token", *twice);
     }
     ws.sparse_at[t + 1] = ws.sparse.size();
+  }
+  // The items point into the lists: laid out once the lists hold still.
+  for (std::size_t t = 0; t < tokens; ++t) {
+    const std::size_t b = PlanAccess::sequence_of(plan, t);
     const std::int64_t n = q_starts[b + 1] - q_starts[b];
-    ws.call_work.add(b, t, ws.sparse.size() - start, plan.shape().kv_split, n == 1);
+    ws.call_work.add(b, t, ws.sparse_at[t + 1] - ws.sparse_at[t], plan.shape().kv_split, n == 1,
+                     ws.sparse.data() + ws.sparse_at[t]);
   }
 }
 

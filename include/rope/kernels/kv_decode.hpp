@@ -30,7 +30,7 @@
 namespace rope {
 
 // What attend_keys reads: one sequence's keys first_key .. first_key+keys-1
-// (or, with positions, the keys at positions[first_key .. first_key+keys-1])
+// (or, with key_list, the keys key_list[first_key .. first_key+keys-1])
 // in a paged cache (attention/cache.hpp has the layout), key j in slot
 // pages[j / page_size] * page_size + j % page_size; strides in elements;
 // int8 scales at slot * kv_heads + h. q_heads = group * kv_heads.
@@ -49,9 +49,10 @@ struct KvKeys {
   std::size_t chunk = 1;  // keys per chunk of scores: 1 .. kAttendMaxChunk
   float scale = 1;
   float softcap = 0;  // 0: none
-  // Sparse attention: key j of the item is the sequence's key at position
-  // positions[j] (a list the caller sorted and checked), not j itself.
-  const std::int32_t* positions = nullptr;
+  // A list of keys (sparse attention, a tree token's): key j of the item is
+  // the sequence's key key_list[j] (a list the caller sorted and checked),
+  // not j itself.
+  const std::int32_t* key_list = nullptr;
 };
 
 // The most keys per chunk of attend_keys.
@@ -102,11 +103,11 @@ struct ChunkRows {
 
   void find(const KvKeys<E>& a, std::size_t first, std::size_t count) noexcept {
     const std::size_t ps = a.page_size;
-    if (a.positions != nullptr) {
+    if (a.key_list != nullptr) {
       for (std::size_t i = 0; i < count; ++i) {
-        const auto position = static_cast<std::size_t>(a.positions[first + i]);
-        const auto id = static_cast<std::size_t>(a.pages[position / ps]);
-        const std::size_t offset = position % ps;
+        const auto key = static_cast<std::size_t>(a.key_list[first + i]);
+        const auto id = static_cast<std::size_t>(a.pages[key / ps]);
+        const std::size_t offset = key % ps;
         slots[i] = id * ps + offset;
         k[i] = a.k + id * a.k_page_stride + offset * a.k_token_stride;
         v[i] = a.v + id * a.v_page_stride + offset * a.v_token_stride;
