@@ -2,8 +2,9 @@
 // every architecture this build targets and the CPU runs, every even
 // rotary_dim up to 256 (so every tail length), both pairings and directions,
 // aligned and misaligned, in place and out of place; then the identities of
-// the rotation that every correct kernel keeps; then the 16-bit kernels
-// against the float kernels, bit for bit.
+// the rotation that every correct kernel keeps. The RMSNorm-scaled kernel
+// and the 16-bit kernels have units of their own (test_kernels_scaled.cpp,
+// test_kernels_bf16.cpp, test_kernels_f16.cpp; tests/kernels_support.hpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,6 +20,7 @@
 #include <rope/reference.hpp>
 
 #include "archs.hpp"
+#include "kernels_support.hpp"
 #include "support.hpp"
 
 namespace {
@@ -32,27 +34,11 @@ class Kernels : public ::testing::Test {};
 using ElementTypes = ::testing::Types<float, double>;
 TYPED_TEST_SUITE(Kernels, ElementTypes, rope_test::ScalarNames);
 
-template <class F>
-void for_each_style(F&& f) {
-  f(std::integral_constant<Style, Style::rotate_half>{});
-  f(std::integral_constant<Style, Style::block_diagonal>{});
-}
-
-constexpr Direction kDirections[] = {Direction::forward, Direction::inverse};
-constexpr std::size_t kMaxRotaryDim = 256;
-
-// Tolerance of one evaluation of y_a = x_a c - x_b s against the exact value:
-// two roundings of products plus one of the sum, each at most half an ulp of
-// the magnitude |x_a c| + |x_b s|. 2 * epsilon of that is "a few ulps".
-template <class T>
-double tolerance(double magnitude) {
-  return 2.0 * std::numeric_limits<T>::epsilon() * magnitude + std::numeric_limits<T>::denorm_min();
-}
-
-template <class T>
-bool bitwise_equal(const T* a, const T* b, std::size_t n) {
-  return std::memcmp(a, b, n * sizeof(T)) == 0;
-}
+using rope_test::bitwise_equal;
+using rope_test::for_each_style;
+using rope_test::kDirections;
+using rope_test::kMaxRotaryDim;
+using rope_test::tolerance;
 
 TYPED_TEST(Kernels, MatchReferenceOnEveryRotaryDimAlignmentAndPlacement) {
   using T = TypeParam;
@@ -307,101 +293,5 @@ TYPED_TEST(Kernels, ScoresDependOnlyOnTheRelativePosition) {
     }
   });
 }
-
-// rotate_heads_scaled: bit for bit rotate_heads of a copy whose channel c
-// of head h is (x_c * r[h]) * w[c], on every architecture, every rotary_dim
-// up to 256 (every tail and every row shorter than a step), both pairings,
-// in place and out of place, with gaps between heads that are never
-// touched.
-TEST(Kernels, RotateHeadsScaledIsTheRotationOfTheScaledCopy) {
-  rope_test::for_each_arch<float>([&](auto arch) {
-    using Arch = decltype(arch);
-    for_each_style([&](auto style_tag) {
-      constexpr Style S = decltype(style_tag)::value;
-      for (std::size_t r = 2; r <= kMaxRotaryDim; r += 2) {
-        const std::size_t heads = 1 + r % 4, stride = r + 1 + r % 3;
-        const auto cs = rope_test::random_vector<float>(r, static_cast<std::uint32_t>(3 * r));
-        const auto x = rope_test::random_vector<float>(heads * stride, static_cast<std::uint32_t>(11 * r), 4.0);
-        const auto w = rope_test::random_vector<float>(r, static_cast<std::uint32_t>(17 * r));
-        std::vector<float> scales(heads);
-        for (std::size_t h = 0; h < heads; ++h) scales[h] = 0.25f + 0.375f * static_cast<float>(h);
-        std::vector<float> copy = x;
-        for (std::size_t h = 0; h < heads; ++h) {
-          for (std::size_t c = 0; c < r; ++c) copy[h * stride + c] = (x[h * stride + c] * scales[h]) * w[c];
-        }
-        rope::rotate_heads<S, float, Arch>(copy.data(), std::ptrdiff_t(stride), copy.data(), std::ptrdiff_t(stride),
-                                           heads, cs.data(), cs.data() + r / 2, r);
-        for (bool in_place : {false, true}) {
-          std::vector<float> in = x;
-          std::vector<float> out(heads * stride, -7.0f);
-          float* y = in_place ? in.data() : out.data();
-          const std::vector<float> before(y, y + heads * stride);
-          rope::rotate_heads_scaled<S, Arch>(in.data(), std::ptrdiff_t(stride), y, std::ptrdiff_t(stride), heads,
-                                             cs.data(), cs.data() + r / 2, r, scales.data(), w.data());
-          for (std::size_t at = 0; at < heads * stride; ++at) {
-            const float want = at % stride < r ? copy[at] : before[at];
-            ASSERT_TRUE(bitwise_equal(&y[at], &want, 1))
-                << Arch::name() << " " << rope::name(S) << " r=" << r << (in_place ? " in place" : "") << " at " << at
-                << ": " << y[at] << " want " << want;
-          }
-        }
-      }
-    });
-  });
-}
-
-// ---- 16-bit storage (BFloat16, Float16): the in-register kernels. ----
-
-// Every architecture, every rotary_dim up to 256 (so every step count, every
-// overlapping last step and every row shorter than a step, odd pair counts
-// included), both pairings and directions, in place and out of place, with
-// gaps between heads: bit for bit the float kernel of the same architecture
-// on the exactly widened values, rounded once by the scalar conversion.
-// Both compute each pair with the same two multiply-adds, so they agree
-// exactly; the gaps between heads are never touched.
-template <class H>
-void expect_16_bit_kernels_match_float() {
-  rope_test::for_each_arch<float>([&](auto arch) {
-    using Arch = decltype(arch);
-    for_each_style([&](auto style_tag) {
-      constexpr Style S = decltype(style_tag)::value;
-      for (Direction dir : kDirections) {
-        for (std::size_t r = 2; r <= kMaxRotaryDim; r += 2) {
-          const std::size_t heads = 1 + r % 3, stride = r + 2 + r % 5;
-          const auto cs = rope_test::random_vector<float>(r, static_cast<std::uint32_t>(7 * r));
-          const auto values = rope_test::random_vector<float>(heads * stride, static_cast<std::uint32_t>(r));
-          std::vector<H> x(heads * stride);
-          std::vector<float> wide(heads * stride);
-          for (std::size_t i = 0; i < x.size(); ++i) {
-            x[i] = H(values[i]);
-            wide[i] = static_cast<float>(x[i]);
-          }
-          rope::rotate_heads<S, float, Arch>(wide.data(), std::ptrdiff_t(stride), wide.data(), std::ptrdiff_t(stride),
-                                             heads, cs.data(), cs.data() + r / 2, r, dir);
-          for (bool in_place : {false, true}) {
-            std::vector<H> y = in_place ? x : std::vector<H>(x.size(), H(-7.0f));
-            const std::vector<H> before = y;
-            std::vector<float> work(r + 2);
-            rope::detail::rotate_heads_16<S, H, Arch>(x.data(), std::ptrdiff_t(stride), y.data(),
-                                                      std::ptrdiff_t(stride), heads, cs.data(), cs.data() + r / 2, r,
-                                                      dir, work.data());
-            for (std::size_t h = 0; h < heads; ++h) {
-              for (std::size_t i = 0; i < stride; ++i) {
-                const std::size_t at = h * stride + i;
-                const std::uint16_t want = i < r ? H(wide[at]).bits : before[at].bits;
-                ASSERT_EQ(y[at].bits, want)
-                    << Arch::name() << " " << rope::name(S) << " " << rope::name(dir) << " r=" << r
-                    << (in_place ? " in place" : "") << " head " << h << " channel " << i;
-              }
-            }
-          }
-        }
-      }
-    });
-  });
-}
-
-TEST(Kernels16, BFloat16MatchesTheFloatKernelRoundedOnce) { expect_16_bit_kernels_match_float<rope::BFloat16>(); }
-TEST(Kernels16, Float16MatchesTheFloatKernelRoundedOnce) { expect_16_bit_kernels_match_float<rope::Float16>(); }
 
 }  // namespace
