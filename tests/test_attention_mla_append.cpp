@@ -21,9 +21,10 @@
 //   (the table's cos and sin within half an ulp, two roundings of the
 //   rotation, the double angle p theta off by 2^-53 of itself);
 // - each stored value against that float row: bf16 within 2^-8 |x|, f16
-//   within 2^-11 |x| (normal values), int8 within s (1/2 + 2^-17) of its
-//   part's own scale s (x / s rounded once: 127 eps/2 relative); the rope
-//   part a hundred times smaller than the latent part, so one scale for
+//   within 2^-11 |x| (normal values), int8 within (m / 127) (1/2 + 2^-16)
+//   with m the part's own max |x| (s = m / 127 and x / s each rounded once:
+//   |s q - x| <= s/2 + 128 u s with u = 2^-24); the rope part a hundred
+//   times smaller than the latent part, so one scale for
 //   both would not hold it; ties to even, shown on rows built to tie.
 #include <gtest/gtest.h>
 
@@ -399,8 +400,8 @@ TEST(MlaAppend, FloatRowWithinItsBoundOfLongDouble) {
 // Each stored value of a 16-bit or int8 cache against the float row (the
 // f32 cache's, of the same call): one rounding, bf16 within 2^-8 |x|, f16
 // within 2^-11 |x| for normal values (2^-25 for the rope part's subnormal
-// ones: half their spacing), int8 within
-// s (1/2 + 2^-17) of its own part's scale. The rope part is a hundred times
+// ones: half their spacing), int8 within (m / 127) (1/2 + 2^-16), m the
+// largest |x| of the value's own part. The rope part is a hundred times
 // smaller than the latent part: one scale for the row would put its error
 // near the latent's s / 2. The bound is reached: the worst value comes
 // within 80% of it.
@@ -424,7 +425,10 @@ TEST(MlaAppend, StoredValuesWithinOneRoundingOfTheFloatRow) {
           for (std::size_t i = from; i < to; ++i) {
             double bound = 0;
             if constexpr (std::is_same<E, std::int8_t>::value) {
-              bound = st.cache.scale(slot)[part] * (0.5 + std::ldexp(1.0, -17));
+              // The part's own scale, from the float row: max |part| / 127.
+              float top = 0.0f;
+              for (std::size_t k = from; k < to; ++k) top = std::max(top, std::fabs(x[k]));
+              bound = top / 127.0 * (0.5 + std::ldexp(1.0, -16));
             } else if (std::is_same<E, Float16>::value && std::fabs(x[i]) < std::ldexp(1.0f, -14)) {
               bound = std::ldexp(1.0, -25);  // a subnormal f16: half its spacing 2^-24
             } else {
