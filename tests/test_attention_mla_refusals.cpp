@@ -231,6 +231,14 @@ std::vector<Entry<E>> append_entries() {
        },
        "options.q_norm.data", "null"},
       {"write_back_k", [](A a, W) { a.o.write_back_k = true; }, "options.write_back_k", "false"},
+      {"pair_axes set",
+       [](A a, W) {
+         static const rope::PairAxes axes{std::vector<std::uint8_t>(4, 0), 1};
+         static const std::vector<std::int64_t> positions(64, 0);
+         a.o.pair_axes = &axes;
+         a.o.axis_positions = positions.data();
+       },
+       "options.pair_axes", "null"},
       {"k_norm of the wrong size", [=](A a, W) { a.o.k_norm.size = L - 1; }, "options.k_norm.size", ""},
       {"k_norm null with a size", [=](A a, W) { a.o.k_norm.data = nullptr; }, "options.k_norm.data", ""},
       {"eps 0", [](A a, W) { a.o.eps = 0; }, "options.eps", ""},
@@ -381,14 +389,13 @@ TEST(MlaRefusals, OneSequencePlanPastTheCapacity) {
   }
 }
 
-// LIBRARY BUG (plan.hpp, the one-sequence plan(p, shape, cached,
-// new_tokens)): plan.hpp says a refused plan() leaves p holding no plan, so
-// that append and attend refuse it until a plan() succeeds. The
-// one-sequence overload checks the capacity before the plan it forwards to
-// clears p, so a Plan that held a step (cached 9, 1 new) still holds it
-// after plan(p, shape, 10, 1) is refused, and the next append writes the
-// stale step's slot (position 9) instead of being refused.
-TEST(MlaRefusals, LibraryBugARefusedOneSequencePlanLeavesNoPlan) {
+// plan.hpp: a refused plan() leaves p holding no plan, so that append and
+// attend refuse it until a plan() succeeds; the one-sequence overload too.
+// (Found failing at 270f85a: the overload checked the capacity before the
+// plan it forwards to cleared p, so a Plan that held a step (cached 9, 1
+// new) still held it after plan(p, shape, 10, 1) was refused, and the next
+// append wrote the stale step's slot.)
+TEST(MlaRefusals, ARefusedOneSequencePlanLeavesNoPlan) {
   std::vector<float> data(10 * 12, -1.0f);
   const auto cache = ra::LatentCache<float>::contiguous(data.data(), 10, 8, 4);
   const ra::Shape shape = ra::Shape::of(cache, 2);
