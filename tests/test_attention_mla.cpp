@@ -39,6 +39,7 @@
 namespace {
 
 using namespace mla_test;  // NOLINT: the suite's own fixture
+using rope::View;
 using rope_test::element_name;
 using rope_test::for_each_element;
 
@@ -238,6 +239,111 @@ TEST(MlaAttend, DecodeStepsOverAContiguousCacheAreTheOneShotCall) {
     for (std::size_t i = 0; i < r_once.out.size(); ++i) same += r_once.out[i] == r_steps.out[i];
     if (std::getenv("ROPE_TEST_VERBOSE") != nullptr) {
       std::cout << what << ": " << same << " of " << r_once.out.size() << " values the same bits\n";
+    }
+  });
+}
+
+// Rows and pages with room between them (token_stride past the width,
+// page_stride past the page's rows): the same bytes out as the dense cache
+// of the same rows, and the room left as it was.
+TEST(MlaAttend, PaddedRowsAndPagesAreTheDenseCachesBytes) {
+  const Case k = cases()[0];
+  const Model m(k.dims, k.seqs, k.page_size, 13, k.style);
+  const std::size_t W = m.d.width(), ps = m.lay.page_size, row_stride = W + 5, page_stride = ps * row_stride + 7;
+  for_each_element([&](auto e) {
+    using E = decltype(e);
+    Store<E> dense(m.lay, m.d), padded(m.lay, m.d);
+    padded.data.assign(m.lay.pages * page_stride, poison<E>());
+    padded.cache.token_stride = row_stride;
+    padded.cache.page_stride = page_stride;
+    padded.rebind();
+    const std::vector<E> room = padded.data;
+    const std::vector<float> q_dense = write(m, dense), q_padded = write(m, padded);
+    ASSERT_EQ(std::memcmp(q_dense.data(), q_padded.data(), q_dense.size() * sizeof(float)), 0);
+    for (const auto& [name, c] : calls(m, true)) {
+      EXPECT_TRUE(attend(m, padded, q_padded, c).same_bytes(attend(m, dense, q_dense, c)))
+          << element_name<E>() << ", " << name;
+    }
+    // Every element outside the rows: untouched.
+    for (std::size_t i = 0; i < padded.data.size(); ++i) {
+      const std::size_t in_page = i % page_stride;
+      if (in_page < ps * row_stride && in_page % row_stride < W) continue;
+      ASSERT_EQ(std::memcmp(&padded.data[i], &room[i], sizeof(E)), 0) << element_name<E>() << ": element " << i;
+    }
+  });
+}
+
+// bf16 and f16 queries and outputs: the float call on the widened queries,
+// its rows rounded once (out), the same log-sum-exp.
+template <class Q, class O>
+void expect_rounded_float_call(const Model& m, const Store<std::int8_t>& st, const std::vector<float>& q_pe,
+                               const Call& c) {
+  const std::size_t T = m.lay.tokens(), H = m.d.heads, L = m.d.latent, R = m.d.rope;
+  std::vector<Q> ql, qp;
+  std::vector<float> ql_f, qp_f;
+  for (const float x : m.q_lat) ql.push_back(Q(x)), ql_f.push_back(rope_test::widen(ql.back()));
+  for (const float x : q_pe) qp.push_back(Q(x)), qp_f.push_back(rope_test::widen(qp.back()));
+  ra::Plan p;
+  ra::plan(p, m.shape(c.kv_split), m.lay.batch(), c.threads);
+  std::vector<float> out_f(T * H * L), lse_f(T * H), lse(T * H);
+  std::vector<O> out(T * H * L, O(-7.0f));
+  ra::attend(p, st.cache, View<const float>::token_major(ql_f.data(), T, H, L),
+             View<const float>::token_major(qp_f.data(), T, H, R), View<float>::token_major(out_f.data(), T, H, L),
+             c.logits, c.mask, lse_f.data());
+  ra::attend(p, st.cache, View<const Q>::token_major(ql.data(), T, H, L),
+             View<const Q>::token_major(qp.data(), T, H, R), View<O>::token_major(out.data(), T, H, L), c.logits,
+             c.mask, lse.data());
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const O want(out_f[i]);
+    ASSERT_EQ(std::memcmp(&out[i], &want, sizeof(O)), 0) << "value " << i;
+  }
+  EXPECT_EQ(std::memcmp(lse.data(), lse_f.data(), lse.size() * sizeof(float)), 0);
+}
+
+TEST(MlaAttend, SixteenBitQueriesAndOutputsAreTheFloatCallRoundedOnce) {
+  const Case k = cases()[0];
+  const Model m(k.dims, k.seqs, k.page_size, 14, k.style);
+  Store<std::int8_t> st(m.lay, m.d);
+  const std::vector<float> q_pe = write(m, st);
+  const Call c = calls(m, false)[1].second;
+  expect_rounded_float_call<rope::BFloat16, rope::BFloat16>(m, st, q_pe, c);
+  expect_rounded_float_call<rope::Float16, rope::Float16>(m, st, q_pe, c);
+  expect_rounded_float_call<rope::BFloat16, float>(m, st, q_pe, c);
+}
+
+// A NaN in the row of one position of a prompt (in its c_kv, so the whole
+// stored latent part; int8: its scale) reaches only the tokens that see it:
+// those are NaN, while the prompt's tokens that do not (earlier ones, in
+// the same block of rows, which mask it; those past a window) and every
+// other sequence's tokens stay within the oracle's bound.
+TEST(MlaAttend, ANaNRowReachesOnlyTheTokensThatSeeIt) {
+  constexpr std::int64_t kNaNPosition = 10;
+  Model m({16, 40, 8, 12, 10}, {{1, 37}, {20, 20}, {1, 300}}, 8, 15);
+  for (std::size_t x = 0; x < m.d.latent; x += 7) m.c_kv[1][kNaNPosition * m.d.latent + x] = kNaN;
+  const std::size_t H = m.d.heads, L = m.d.latent;
+  for_each_element([&](auto e) {
+    using E = decltype(e);
+    Store<E> st(m.lay, m.d);
+    const std::vector<float> q_pe = write(m, st);
+    const Stored rows = stored(m, st);
+    for (auto [name, c] : calls(m, true)) {
+      const Result got = attend(m, st, q_pe, c);
+      const Expected want = oracle(m, rows, q_pe, c);
+      for (std::size_t t = 0; t < m.lay.tokens(); ++t) {
+        const std::vector<std::int64_t> keys = keys_of(m.lay, c.mask, t);
+        const bool sees = m.lay.sequence_of(t) == 1 && std::find(keys.begin(), keys.end(), kNaNPosition) != keys.end();
+        for (std::size_t h = 0; h < H; ++h) {
+          for (std::size_t x = 0; x < L; ++x) {
+            const std::size_t i = (t * H + h) * L + x;
+            if (sees) {
+              ASSERT_TRUE(std::isnan(got.out[i])) << element_name<E>() << ", " << name << ": token " << t;
+            } else {
+              ASSERT_LE(std::fabs(static_cast<LD>(got.out[i]) - want.lat[i]), want.lat_bound[i])
+                  << element_name<E>() << ", " << name << ": token " << t << " head " << h;
+            }
+          }
+        }
+      }
     }
   });
 }
