@@ -1,16 +1,29 @@
-// The fuzz target's attention decoders: rope::attention's softmax (multi-head
-// views with grouped heads, masks, positions, a KV cache of rotated keys,
-// threads), softmax_batch, write_slots and norm_rope_append (the fused
-// QK-norm, RoPE and cache write) over paged caches of f32, bf16, f16 and int8, and linear attention (given features
-// with eq. 19, and FAVOR+ over views). A decoded call is valid or breaks exactly one argument; a broken call must throw
-// the documented exception and write nothing, a valid one must equal the long-double oracle on every row that sees only
-// finite inputs, and no row may be touched by a non-finite value it does not see.
+// The fuzz target's attention decoders: rope::attention's softmax over
+// multi-head views (grouped heads, masks, positions, logits, RoPE inside,
+// keys already rotated, threads or an executor), linear attention (given
+// features with eq. 19, FAVOR+ over views), and the serving path over paged
+// caches of f32, bf16, f16 and int8 in NHD, HND and padded layouts: plan,
+// append (the K/V form and the form with Q: QK-norm, RoPE, multi-axis
+// positions, the cache write), attend (masks, scale, softcap, sinks,
+// kv_split, log-sum-exp) and merge, and one sequence's whole step over a
+// contiguous cache.
+//
+// A decoded call is valid or breaks some of its arguments, its validity
+// judged here from the headers' contracts. A refused call must throw the
+// documented exception, name its function, and write nothing: its outputs,
+// caches, scales and inputs are compared byte for byte before and after. A
+// refused plan() must leave its Plan holding no plan, which append and
+// attend then refuse. An accepted call must equal the long-double oracle on
+// every row that sees only finite inputs, within a forward error bound taken
+// from that call's inputs; no row may be touched by a non-finite value it
+// does not see; threads and executors give the same bytes as one thread.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -28,6 +41,8 @@ namespace {
 using LD = long double;
 namespace ra = rope::attention;
 
+constexpr LD kNegInf = -std::numeric_limits<LD>::infinity();
+
 // An attention input: mostly in [-2, 2], sometimes NaN or infinite.
 template <class T>
 T attention_element(Bytes& in) {
@@ -44,16 +59,75 @@ std::vector<T> elements(Bytes& in, std::size_t n) {
   return v;
 }
 
-// Rotation of a long-double vector from the table's own cos/sin row: the
-// oracle rotates exactly what the library was given.
 template <class T>
-std::vector<LD> rotate_ld(std::vector<LD> x, const rope::Table<T>& table, rope::Style style, std::size_t r,
-                          std::int64_t position) {
-  const auto m = static_cast<std::size_t>(position);
+T from_float(float x) {
+  if constexpr (std::is_same<T, float>::value) {
+    return x;
+  } else {
+    return T(x);
+  }
+}
+
+template <class T>
+LD widen(T x) {
+  if constexpr (std::is_same<T, double>::value) {
+    return x;
+  } else {
+    return rope::detail::widen_value(x);
+  }
+}
+
+// Rows of float, bf16 or f16 values drawn as floats (at least one element,
+// so that every buffer has an address).
+template <class T>
+std::vector<T> rows_of(Bytes& in, std::size_t n) {
+  std::vector<T> v(std::max<std::size_t>(n, 1));
+  for (auto& x : v) x = from_float<T>(attention_element<float>(in));
+  return v;
+}
+
+// An array of exactly n elements on the heap (n may be 0: a unique pointer
+// all the same), so that a read past what a call may read is an overflow
+// the sanitizers see.
+template <class T>
+struct Exact {
+  explicit Exact(std::size_t count = 0) : p(new T[count]()), n(count) {}
+  T* data() const { return p.get(); }
+  T& operator[](std::size_t i) const { return p[i]; }
+  std::unique_ptr<T[]> p;
+  std::size_t n;
+};
+
+template <class T>
+bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+template <class T>
+bool same_bytes(const Exact<T>& a, const std::vector<T>& b) {
+  return a.n == b.size() && (a.n == 0 || std::memcmp(a.data(), b.data(), a.n * sizeof(T)) == 0);
+}
+template <class T>
+std::vector<T> copy_of(const Exact<T>& a) {
+  return std::vector<T>(a.data(), a.data() + a.n);
+}
+
+// Whether a refusal names the function it came from, as documented.
+template <class E>
+bool named(const E& e, const char* fn) {
+  return e.function() == fn && std::string(e.what()).find(std::string(fn) + ": ") == 0;
+}
+
+// Rotation of a long-double vector from the table's own cos/sin rows, pair
+// p at position position_of(p): the oracle rotates exactly what the library
+// was given.
+template <class T, class PairPosition>
+std::vector<LD> rotate_pairs(const std::vector<LD>& x, const rope::Table<T>& table, rope::Style style, std::size_t r,
+                             PairPosition position_of) {
   std::vector<LD> y = x;
   for (std::size_t p = 0; p < r / 2; ++p) {
     const std::size_t a = style == rope::Style::rotate_half ? p : 2 * p;
     const std::size_t b = style == rope::Style::rotate_half ? p + r / 2 : 2 * p + 1;
+    const auto m = static_cast<std::size_t>(position_of(p));
     const LD c = table.cos(m)[p], s = table.sin(m)[p];
     y[a] = x[a] * c - x[b] * s;
     y[b] = x[b] * c + x[a] * s;
@@ -61,11 +135,23 @@ std::vector<LD> rotate_ld(std::vector<LD> x, const rope::Table<T>& table, rope::
   return y;
 }
 
+template <class T>
+std::vector<LD> rotate_ld(const std::vector<LD>& x, const rope::Table<T>& table, rope::Style style, std::size_t r,
+                          std::int64_t position) {
+  return rotate_pairs(x, table, style, r, [&](std::size_t) { return position; });
+}
+
 bool finite_all(const std::vector<LD>& x) {
   for (LD v : x) {
     if (!std::isfinite(v)) return false;
   }
   return true;
+}
+
+LD top_of(const std::vector<LD>& x) {
+  LD top = 0;
+  for (LD a : x) top = std::max(top, std::fabs(a));
+  return top;
 }
 
 // |x_c| + |x_partner(c)| for the r channels a rotation of that style mixes
@@ -94,45 +180,271 @@ constexpr LD unit_roundoff() {
   return LD(std::numeric_limits<T>::epsilon()) / 2;
 }
 
-// The rounding error a softmax row computed in T may have against the exact
-// row over the same inputs (a forward error bound, not a measured one).
-// Each key's score is off by at most delta_n = u ((d + 8) scale M_n +
-// 8 (|s_n| + |top| + 1)), where M_n bounds sum_c |q_c k_c| after rotation
-// (pair_magnitudes): d products and sums, two roundings of a rotated element,
-// then the scale, the cap and the subtraction of the maximum. The weights
-// exp(s_n - top) are then off by factors within exp(+-(delta + 4u)) (the
-// exponential's own error), which moves a weighted mean of values of
-// magnitude at most mag by at most expm1(2 (delta + 4u)) mag; the sums, the
-// rescaling at each chunk and the division add (4 n + 16) u mag over n keys.
-// The bound is doubled for the second-order terms left out.
-template <class T>
-LD softmax_row_bound(LD max_delta, std::size_t keys, LD magnitude) {
-  const LD u = unit_roundoff<T>();
-  return 2 * (std::expm1(2 * (max_delta + 4 * u)) + LD(4 * keys + 16) * u) * magnitude;
+// One rounding into an output of O of a value of magnitude at most x: none
+// for float and double (the softmax bound covers the arithmetic's own), half
+// an ulp of bf16 or f16 (with f16's subnormal step).
+template <class O>
+LD output_rounding(LD x) {
+  if constexpr (std::is_same<O, rope::BFloat16>::value) {
+    return std::fabs(x) / 256;
+  } else if constexpr (std::is_same<O, rope::Float16>::value) {
+    return std::fabs(x) / 2048 + std::ldexp(1.0L, -25);
+  } else {
+    return 0;
+  }
 }
 
-// What a row whose visible inputs are not all finite must hold (the
-// promise of docs/attention.md): NaN in every channel where a visible score
-// is NaN, NaN in channel c where a visible value's channel c is NaN. An
-// infinity that makes no NaN score is not asserted on.
+// |got - want| within one rounding of a value of type E (int8: of its
+// vector's scale), want the long-double value, top the largest |want| of its
+// row.
+template <class E>
+bool within_one_rounding(LD got, LD want, LD top) {
+  const LD slack = 1e-6L * (1 + top), ax = std::fabs(want);
+  const LD bound = std::is_same<E, float>::value            ? slack
+                   : std::is_same<E, rope::BFloat16>::value ? ax / 256 + slack
+                   : std::is_same<E, rope::Float16>::value  ? ax / 1024 + std::ldexp(1.0L, -24) + slack
+                                                            : top / 254 * (1 + 1e-5L) + slack;
+  return std::fabs(got - want) <= bound;
+}
+
+// ---------------------------------------------------------------------------
+// Threads and logits: one drawing each for every call that takes them.
+
+// An executor that runs the shares on the calling thread, last first: the
+// contract allows any order, and the bytes must not depend on it.
+void run_reversed(void*, std::size_t n, void (*task)(void*, std::size_t), void* context) {
+  for (std::size_t i = n; i-- > 0;) task(context, i);
+}
+
+struct DrawnThreads {
+  rope::Threads threads;
+  bool valid = true;
+  // Whether the call may split its work: several shares, or an executor.
+  bool parallel() const { return threads.executor.set() || threads.count > 1; }
+};
+
+// A count of 0 or an executor of 0 workers (refused), an executor of 1 to 4
+// workers, or 1 to 3 of rope's threads.
+DrawnThreads draw_threads(Bytes& in) {
+  DrawnThreads d;
+  const std::uint8_t kind = in.u8() % 8;
+  if (kind == 0) {
+    d.threads = rope::Threads(std::size_t{0});
+    d.valid = false;
+  } else if (kind <= 3) {
+    rope::Executor e;
+    e.parallel_for = &run_reversed;
+    e.workers = kind == 1 ? 0 : 1 + in.u8() % 4;
+    d.threads = e;
+    d.valid = e.workers > 0;
+  } else {
+    d.threads = rope::Threads(std::size_t{1} + in.u8() % 3);
+  }
+  return d;
+}
+
+// Logits as a caller may set them, valid or not; valid judged in the
+// arithmetic's type T (logits.hpp): a scale finite in double and in T, a
+// softcap finite and > 0 in both, one sink per query head, each finite or
+// -inf in T.
+struct DrawnLogits {
+  ra::Logits logits;
+  bool valid = true;
+};
+
 template <class T>
-void check_nan_row(const T* got, std::size_t dv, bool nan_score, const std::vector<bool>& nan_value,
-                   const std::string& where) {
-  for (std::size_t c = 0; c < dv; ++c) {
-    if (nan_score || nan_value[c]) {
-      ROPE_FUZZ_CHECK(std::isnan(static_cast<double>(got[c])),
-                      where + ": a row that sees a NaN is not NaN in channel " + std::to_string(c));
+DrawnLogits draw_logits(Bytes& in, std::size_t heads) {
+  DrawnLogits d;
+  if (in.flag()) {
+    const double odd[] = {std::nan(""), HUGE_VAL, 1e300, -0.5, 0.0};
+    const std::uint8_t kind = in.u8() % 32;
+    d.logits.scale = kind < 5 ? odd[kind] : 0.05 + in.u8() / 256.0;
+  }
+  if (in.u8() % 4 == 0) {
+    const double caps[] = {0.5, 5.0, 30.0, 0.0, -1.0, std::nan(""), HUGE_VAL, 1e300, 1e-50};
+    d.logits.softcap = caps[in.u8() % 9];
+  }
+  if (in.u8() % 4 == 0) {
+    const std::size_t count = in.u8() % 8 == 0 ? heads + 1 : heads;
+    for (std::size_t h = 0; h < count; ++h) {
+      const std::uint8_t kind = in.u8() % 16;
+      d.logits.sinks.push_back(kind == 0   ? -HUGE_VAL
+                               : kind == 1 ? std::nan("")
+                               : kind == 2 ? 1e300
+                               : kind == 3 ? -1e300
+                               : kind == 4 ? HUGE_VAL
+                                           : (static_cast<int>(in.u8()) - 128) / 32.0);
     }
+  }
+  const ra::Logits& l = d.logits;
+  if (l.scale) d.valid = d.valid && std::isfinite(*l.scale) && std::isfinite(static_cast<T>(*l.scale));
+  if (l.softcap) {
+    const double cap = *l.softcap;
+    d.valid = d.valid && cap > 0 && std::isfinite(cap) && std::isfinite(static_cast<T>(cap)) && static_cast<T>(cap) > 0;
+  }
+  if (!l.sinks.empty()) {
+    d.valid = d.valid && l.sinks.size() == heads;
+    for (double s : l.sinks) {
+      const T t = static_cast<T>(s);
+      d.valid = d.valid && (std::isfinite(t) || t == -std::numeric_limits<T>::infinity());
+    }
+  }
+  return d;
+}
+
+// Valid logits as the arithmetic in T applies them.
+template <class T>
+struct LogitsIn {
+  LD scale = 1;
+  std::optional<LD> cap;
+  std::vector<LD> sinks;  // per query head; -inf: none
+
+  LogitsIn(const ra::Logits& l, std::size_t heads, std::size_t d) {
+    scale = static_cast<T>(l.scale ? *l.scale : 1.0 / std::sqrt(static_cast<double>(d)));
+    if (l.softcap) cap = static_cast<T>(*l.softcap);
+    sinks.assign(heads, kNegInf);
+    for (std::size_t h = 0; h < l.sinks.size() && h < heads; ++h) sinks[h] = static_cast<T>(l.sinks[h]);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// The softmax oracle: one row, in long double, over the keys its query sees.
+
+// A visible key: the product q . k (after any rotation), a bound M of
+// sum_c |q_c k_c| over pair magnitudes, and its value row.
+struct Scored {
+  LD dot = 0, magnitude = 0;
+  std::vector<LD> v;
+};
+
+struct Want {
+  bool sees = false;       // some key is visible
+  bool finite = true;      // every visible input is finite
+  bool nan_score = false;  // some visible score is NaN
+  std::vector<bool> nan_value;
+  std::vector<LD> out;
+  LD lse = kNegInf;
+  LD tolerance = 0;      // on each channel
+  LD lse_tolerance = 0;  // on the log-sum-exp
+  LD magnitude = 0;      // the largest |v| seen
+};
+
+// The exact row over the visible keys, and the rounding error a row
+// computed in T may have against it (a forward error bound, not a measured
+// one). Each key's score is off by at most delta_n = u ((d + 8) |scale| M_n
+// + 8 (|s_n| + |s'_n| + |top| + 1)): d products and sums, two roundings of
+// a rotated element, the scale, the cap (s'_n the score before it: its
+// division moves the score by at most u |s'_n|) and the subtraction of the
+// maximum. The weights exp(s_n - top) are then off by factors within
+// exp(+-(delta + 4u)) (the exponential's own error), which moves a weighted
+// mean of values of magnitude at most mag by at most expm1(2 (delta + 4u))
+// mag; the sums, the rescaling at each chunk and the division add
+// (4 n + 16) u mag over n keys. The log-sum-exp is off by at most delta
+// plus the relative error of its sum, plus the roundings of its logarithm
+// and its addition. Each bound is doubled for the second-order terms left
+// out.
+template <class T>
+Want softmax_want(const std::vector<Scored>& keys, std::size_t d, std::size_t dv, const LogitsIn<T>& logits,
+                  std::size_t h, bool finite, bool nan_score, std::vector<bool> nan_value) {
+  Want w;
+  w.sees = !keys.empty();
+  w.finite = finite;
+  w.nan_score = nan_score;
+  w.nan_value = std::move(nan_value);
+  w.nan_value.resize(dv, false);
+  if (!w.sees || !finite) return w;
+  const LD u = unit_roundoff<T>();
+  const LD sink = logits.sinks[h];
+  std::vector<LD> pre(keys.size()), scores(keys.size());
+  for (std::size_t n = 0; n < keys.size(); ++n) {
+    pre[n] = keys[n].dot * logits.scale;
+    scores[n] = logits.cap ? *logits.cap * std::tanh(pre[n] / *logits.cap) : pre[n];
+  }
+  LD top = *std::max_element(scores.begin(), scores.end());
+  if (sink != kNegInf) top = std::max(top, sink);
+  LD sum = sink != kNegInf ? std::exp(sink - top) : 0;
+  LD max_delta = sink != kNegInf ? 8 * u * (std::fabs(sink) + std::fabs(top) + 1) : 0;
+  w.out.assign(dv, 0);
+  for (std::size_t n = 0; n < keys.size(); ++n) {
+    const LD weight = std::exp(scores[n] - top);
+    sum += weight;
+    const LD delta = u * (LD(d + 8) * keys[n].magnitude * std::fabs(logits.scale) +
+                          8 * (std::fabs(scores[n]) + std::fabs(pre[n]) + std::fabs(top) + 1));
+    max_delta = std::max(max_delta, delta);
+    for (std::size_t c = 0; c < dv; ++c) {
+      w.out[c] += weight * keys[n].v[c];
+      w.magnitude = std::max(w.magnitude, std::fabs(keys[n].v[c]));
+    }
+  }
+  for (auto& x : w.out) x /= sum;
+  const LD relative = std::expm1(2 * (max_delta + 4 * u)) + LD(4 * keys.size() + 16) * u;
+  w.tolerance = 2 * relative * w.magnitude;
+  w.lse = top + std::log(sum);
+  w.lse_tolerance = 2 * (max_delta + relative) + 8 * u * (std::fabs(w.lse) + std::fabs(top) + 1);
+  return w;
+}
+
+// A row of O (and its log-sum-exp, when lse is set) against the oracle's: a
+// row that sees no key is zeros (its lse the sink, or -inf); a row that sees
+// a NaN score is NaN in every channel (and its lse), one that sees a NaN in
+// value channel c is NaN there (the promise of softmax.hpp and attend.hpp);
+// a row that sees only an infinity is not asserted on; every other row is
+// finite and within the bound.
+template <class O>
+void check_row(const O* got, const float* lse, const Want& w, std::size_t dv, LD sink, const std::string& at) {
+  if (!w.sees) {
+    for (std::size_t c = 0; c < dv; ++c) ROPE_FUZZ_CHECK(widen(got[c]) == 0, at + ": a row that sees no key");
+    if (lse != nullptr) ROPE_FUZZ_CHECK(LD(*lse) == sink, at + ": the lse of a row that sees no key");
+    return;
+  }
+  if (!w.finite) {
+    for (std::size_t c = 0; c < dv; ++c) {
+      if (w.nan_score || w.nan_value[c]) {
+        ROPE_FUZZ_CHECK(std::isnan(widen(got[c])),
+                        at + ": a row that sees a NaN is not NaN in channel " + std::to_string(c));
+      }
+    }
+    if (lse != nullptr && w.nan_score) ROPE_FUZZ_CHECK(std::isnan(*lse), at + ": the lse of a NaN score");
+    return;
+  }
+  for (std::size_t c = 0; c < dv; ++c) {
+    const LD g = widen(got[c]);
+    const LD bound = w.tolerance + output_rounding<O>(std::fabs(w.out[c]) + w.tolerance);
+    ROPE_FUZZ_CHECK(std::isfinite(g), at + ": a row of finite inputs is not finite");
+    ROPE_FUZZ_CHECK(std::fabs(g - w.out[c]) <= bound,
+                    at + " channel " + std::to_string(c) + ": got " + std::to_string(double(g)) + ", want " +
+                        std::to_string(double(w.out[c])) + ", bound " + std::to_string(double(bound)));
+  }
+  if (lse != nullptr) {
+    ROPE_FUZZ_CHECK(std::isfinite(*lse), at + ": the lse of a row of finite inputs");
+    ROPE_FUZZ_CHECK(std::fabs(LD(*lse) - w.lse) <= w.lse_tolerance, at + ": lse " + std::to_string(*lse) + ", want " +
+                                                                        std::to_string(double(w.lse)) + ", bound " +
+                                                                        std::to_string(double(w.lse_tolerance)));
   }
 }
 
 template <class T>
 std::vector<LD> head_row(const std::vector<T>& data, std::size_t t, std::size_t h, std::size_t heads, std::size_t dim) {
   std::vector<LD> r(dim);
-  for (std::size_t c = 0; c < dim; ++c) r[c] = data[(t * heads + h) * dim + c];
+  for (std::size_t c = 0; c < dim; ++c) r[c] = widen(data[(t * heads + h) * dim + c]);
   return r;
 }
 
+template <class T>
+std::vector<LD> view_row(const rope::View<T>& x, std::size_t t, std::size_t h) {
+  std::vector<LD> r(x.head_dim);
+  for (std::size_t c = 0; c < x.head_dim; ++c) r[c] = widen(x.row(t, h)[c]);
+  return r;
+}
+
+// ---------------------------------------------------------------------------
+// softmax over multi-head views.
+
+// softmax over [tokens, heads, head_dim] views with grouped heads: masks,
+// positions and sequence ids, logits (scale, softcap, sinks), RoPE inside
+// (or keys already rotated), blocks, threads or an executor; broken views,
+// a table set without its pairing. Refused: the documented exception,
+// nothing written; accepted: the long-double oracle on every row.
 template <class T>
 void softmax_typed(Bytes& in) {
   const std::size_t lq = in.u8() % 6, lk = in.u8() % 8, hk = 1 + in.u8() % 3, group = 1 + in.u8() % 3;
@@ -141,19 +453,22 @@ void softmax_typed(Bytes& in) {
   const std::size_t table_dim = 2 * (1 + in.u8() % 4), table_positions = 1 + in.u8() % 24;
   const rope::Table<T> table(rope::frequencies(table_dim, 100.0), table_positions);
   ra::Rotation<T> rotation;
+  std::size_t asked = 0;
   if (rotate) {
-    rotation.table = &table;
-    rotation.style = in.flag() ? rope::Style::rotate_half : rope::Style::block_diagonal;
-    rotation.rotary_dim = in.u8() % 4 == 0 ? in.u8() % 10 : 0;
+    const rope::Style style = in.flag() ? rope::Style::rotate_half : rope::Style::block_diagonal;
+    asked = in.u8() % 4 == 0 ? in.u8() % 10 : 0;
+    rotation = ra::Rotation<T>(&table, style, asked);
   }
   ra::SoftmaxOptions o;
-  o.causal = in.flag();
-  o.window = in.u8() % 4 == 0 ? in.u8() % 5 : 0;
+  o.mask.causal = in.flag();
+  o.mask.window = in.u8() % 4 == 0 ? in.u8() % 5 : 0;
   const std::size_t blocks[] = {1, 2, 3, 7, 256, std::numeric_limits<std::size_t>::max(), 0};
   o.block = blocks[in.u8() % 7];
-  o.threads = in.u8() % 4;
+  const DrawnThreads threads = draw_threads(in);
+  o.threads = threads.threads;
   o.keys_rotated = in.flag();
-  if (in.flag()) o.scale = in.u8() % 32 == 0 ? std::nan("") : 0.05 + in.u8() / 256.0;
+  const DrawnLogits logits = draw_logits<T>(in, hq);
+  o.logits = logits.logits;
   const bool explicit_positions = in.flag();
   const auto position = [&]() { return static_cast<std::int64_t>(in.u8() % (table_positions + 3)) - 2; };
   if (explicit_positions) {
@@ -169,30 +484,35 @@ void softmax_typed(Bytes& in) {
   }
   auto q = elements<T>(in, lq * hq * d), k = elements<T>(in, lk * hk * d), v = elements<T>(in, lk * hk * dv);
   std::vector<T> out(std::max<std::size_t>(lq * hq * dv, 1), T(-9));
-  const auto q_before = q, out_before = out;
+  const auto q_before = q, k_before = k, v_before = v, out_before = out;
   rope::View<T> out_view = rope::View<T>::token_major(out.data(), lq, hq, dv);
   const std::uint8_t view_break = in.u8() % 16;
-  bool views_ok = true;
-  if (view_break == 0) {
+  bool views_ok = true, styled = true;
+  if (view_break == 1) {
     out_view.data = nullptr;
     views_ok = false;
-  } else if (view_break == 1 && lq * hq * dv <= q.size() && lq > 0) {
+  } else if (view_break == 2 && lq * hq * dv <= q.size() && lq > 0) {
     out_view = rope::View<T>::token_major(q.data(), lq, hq, dv);  // out over q's own rows
     views_ok = false;
-  } else if (view_break == 2 && hq > 1 && lq > 0) {
+  } else if (view_break == 3 && hq > 1 && lq > 0) {
     out_view.head_stride = 0;
     views_ok = false;
+  } else if (view_break == 4) {
+    rotation = ra::Rotation<T>();  // a table set by hand, without its pairing
+    rotation.table = &table;
+    rotation.rotary_dim = asked;
+    styled = false;
   }
 
-  // Validity, judged here from the documentation.
+  // Validity, judged here from softmax.hpp, masks.hpp and logits.hpp.
   const std::int64_t qo = o.q_offset, ko = o.k_offset;
   const auto pq = [&](std::size_t i) { return explicit_positions ? o.q_positions[i] : qo + std::int64_t(i); };
   const auto pk = [&](std::size_t j) { return explicit_positions ? o.k_positions[j] : ko + std::int64_t(j); };
-  const std::size_t r = rotate ? (rotation.rotary_dim == 0 ? table_dim : rotation.rotary_dim) : 0;
-  bool valid = views_ok && o.block > 0 && o.threads > 0 && (!o.scale || std::isfinite(*o.scale));
-  if (rotate) valid = valid && r % 2 == 0 && r <= table_dim && r <= d;
+  const std::size_t r = rotation.table != nullptr ? (asked == 0 ? table_dim : asked) : 0;
+  bool valid = views_ok && o.block > 0 && threads.valid && logits.valid && styled;
+  if (rotation.table != nullptr) valid = valid && r % 2 == 0 && r <= table_dim && r <= d;
   bool positions_ok = true;
-  if (rotate) {
+  if (rotation.table != nullptr) {
     for (std::size_t i = 0; i < lq; ++i)
       positions_ok = positions_ok && pq(i) >= 0 && pq(i) < std::int64_t(table_positions);
     for (std::size_t j = 0; j < lk && !o.keys_rotated; ++j) {
@@ -211,88 +531,63 @@ void softmax_typed(Bytes& in) {
   } catch (const rope::invalid_argument& e) {
     threw = true;
     ROPE_FUZZ_CHECK(!valid, where + ": " + e.what());
-    ROPE_FUZZ_CHECK(std::string(e.what()).find("rope::attention::softmax: ") == 0, e.what());
+    ROPE_FUZZ_CHECK(named(e, "rope::attention::softmax"), e.what());
   } catch (const rope::out_of_range& e) {
     threw = true;
     ROPE_FUZZ_CHECK(valid && !positions_ok, where + ": " + e.what());
+    ROPE_FUZZ_CHECK(named(e, "rope::attention::softmax"), e.what());
   }
+  ROPE_FUZZ_CHECK(same_bytes(k, k_before) && same_bytes(v, v_before), where + ": k or v written");
   if (threw) {
-    ROPE_FUZZ_CHECK(std::memcmp(q.data(), q_before.data(), q.size() * sizeof(T)) == 0, where + ": q written");
-    ROPE_FUZZ_CHECK(std::memcmp(out.data(), out_before.data(), out.size() * sizeof(T)) == 0, where + ": out written");
+    ROPE_FUZZ_CHECK(same_bytes(q, q_before), where + ": q written");
+    ROPE_FUZZ_CHECK(same_bytes(out, out_before), where + ": out written");
     return;
   }
   ROPE_FUZZ_CHECK(valid && positions_ok, where + ": an invalid call was accepted");
+  ROPE_FUZZ_CHECK(same_bytes(q, q_before), where + ": q written");
 
   // The oracle, per query head: naive softmax in long double over the keys
   // the mask shows.
-  const LD scale = o.scale ? LD(*o.scale) : 1.0L / std::sqrt(LD(d));
-  const std::size_t rq = rotate ? r : 0, rk = rotate && !o.keys_rotated ? r : 0;
+  const LogitsIn<T> li(o.logits, hq, d);
+  const std::size_t rq = r, rk = o.keys_rotated ? 0 : r;
   for (std::size_t i = 0; i < lq; ++i) {
     for (std::size_t h = 0; h < hq; ++h) {
       const std::size_t g = h / group;
       const std::vector<LD> q_raw = head_row(q, i, h, hq, d);
       const std::vector<LD> q_mag = pair_magnitudes(q_raw, rotation.style, rq);
-      std::vector<LD> qi = q_raw;
-      if (rotate) qi = rotate_ld(qi, table, rotation.style, r, pq(i));
-      std::vector<LD> scores, bounds;
-      std::vector<std::size_t> keys;
+      const std::vector<LD> qi = r > 0 ? rotate_ld(q_raw, table, rotation.style, r, pq(i)) : q_raw;
+      std::vector<Scored> keys;
       bool finite = finite_all(qi), nan_score = false;
       std::vector<bool> nan_value(dv, false);
       for (std::size_t j = 0; j < lk; ++j) {
         const std::int64_t sq = o.q_sequence.empty() ? 0 : o.q_sequence[i],
                            sk = o.k_sequence.empty() ? 0 : o.k_sequence[j];
-        if (sq != sk || (o.causal && pk(j) > pq(i))) continue;
-        if (o.window != 0 && pk(j) <= pq(i) && pq(i) - pk(j) >= std::int64_t(o.window)) continue;
-        std::vector<LD> kj = head_row(k, j, g, hk, d);
-        const std::vector<LD> vj = head_row(v, j, g, hk, dv);
-        finite = finite && finite_all(kj) && finite_all(vj);
-        for (std::size_t c = 0; c < dv; ++c) nan_value[c] = nan_value[c] || std::isnan(vj[c]);
-        const LD m = dot_magnitude(q_mag, pair_magnitudes(kj, rotation.style, rk));
-        if (rotate && !o.keys_rotated) kj = rotate_ld(kj, table, rotation.style, r, pk(j));
-        LD s = 0;
-        for (std::size_t c = 0; c < d; ++c) s += qi[c] * kj[c];
-        nan_score = nan_score || std::isnan(s);
-        scores.push_back(s * scale);
-        bounds.push_back(m * scale);
-        keys.push_back(j);
+        if (sq != sk || (o.mask.causal && pk(j) > pq(i))) continue;
+        if (o.mask.window != 0 && pk(j) <= pq(i) && pq(i) - pk(j) >= std::int64_t(o.mask.window)) continue;
+        const std::vector<LD> k_raw = head_row(k, j, g, hk, d);
+        Scored s;
+        s.v = head_row(v, j, g, hk, dv);
+        finite = finite && finite_all(k_raw) && finite_all(s.v);
+        for (std::size_t c = 0; c < dv; ++c) nan_value[c] = nan_value[c] || std::isnan(s.v[c]);
+        s.magnitude = dot_magnitude(q_mag, pair_magnitudes(k_raw, rotation.style, rk));
+        const std::vector<LD> kj = rk > 0 ? rotate_ld(k_raw, table, rotation.style, r, pk(j)) : k_raw;
+        for (std::size_t c = 0; c < d; ++c) s.dot += qi[c] * kj[c];
+        nan_score = nan_score || std::isnan(s.dot);
+        keys.push_back(std::move(s));
       }
-      const T* got = out.data() + (i * hq + h) * dv;
-      const std::string at = where + ": row " + std::to_string(i) + " head " + std::to_string(h);
-      if (keys.empty()) {
-        for (std::size_t c = 0; c < dv; ++c) ROPE_FUZZ_CHECK(got[c] == T(0), at + ": a row that sees no key");
-        continue;
-      }
-      if (!finite) {  // only the rows that see it are concerned
-        check_nan_row(got, dv, nan_score, nan_value, at);
-        continue;
-      }
-      const LD top = *std::max_element(scores.begin(), scores.end());
-      const LD u = unit_roundoff<T>();
-      LD sum = 0, magnitude = 0, max_delta = 0;
-      std::vector<LD> want(dv, 0);
-      for (std::size_t n = 0; n < keys.size(); ++n) {
-        const LD w = std::exp(scores[n] - top);
-        sum += w;
-        max_delta = std::max(max_delta, u * (LD(d + 8) * bounds[n] + 8 * (std::fabs(scores[n]) + std::fabs(top) + 1)));
-        for (std::size_t c = 0; c < dv; ++c) {
-          const LD vc = v[(keys[n] * hk + g) * dv + c];
-          want[c] += w * vc;
-          magnitude = std::max(magnitude, std::fabs(vc));
-        }
-      }
-      const LD tolerance = softmax_row_bound<T>(max_delta, keys.size(), magnitude);
-      for (std::size_t c = 0; c < dv; ++c) {
-        ROPE_FUZZ_CHECK(std::isfinite(got[c]), at + ": a row of finite inputs is not finite");
-        ROPE_FUZZ_CHECK(std::fabs(LD(got[c]) - want[c] / sum) <= tolerance,
-                        at + ": off by " + std::to_string(double(std::fabs(LD(got[c]) - want[c] / sum))) + ", bound " +
-                            std::to_string(double(tolerance)));
-      }
+      const Want w = softmax_want<T>(keys, d, dv, li, h, finite, nan_score, nan_value);
+      check_row<T>(out.data() + (i * hq + h) * dv, nullptr, w, dv, li.sinks[h],
+                   where + ": row " + std::to_string(i) + " head " + std::to_string(h));
     }
   }
 }
 
-// Given positive features, causal or not, with the eq. 19 rotation or not:
-// the quadratic form in long double, masked by position and sequence.
+// ---------------------------------------------------------------------------
+// Linear attention.
+
+// Given positive features, causal or not, with the eq. 19 rotation (either
+// pairing) or not: the quadratic form in long double, masked by position
+// and sequence.
 template <class T>
 void linear_features(Bytes& in) {
   const std::size_t lq = in.u8() % 7, lk = in.u8() % 7, m = 1 + in.u8() % 8, dv = 1 + in.u8() % 4;
@@ -301,10 +596,10 @@ void linear_features(Bytes& in) {
   const std::size_t table_positions = 1 + in.u8() % 16;
   const rope::Table<T> table(rope::frequencies(table_dim, 100.0), table_positions);
   ra::LinearOptions o;
-  o.causal = in.flag();
+  o.mask.causal = in.flag();
   const std::size_t chunks[] = {1, 2, 3, 5, 64, std::numeric_limits<std::size_t>::max(), 0};
   o.chunk = chunks[in.u8() % 7];
-  o.threads = 1 + in.u8() % 2;
+  o.threads = std::size_t{1} + in.u8() % 2;
   const bool explicit_positions = in.flag();
   for (std::size_t i = 0; i < lq && explicit_positions; ++i) o.q_positions.push_back(in.u8() % table_positions);
   for (std::size_t j = 0; j < lk && explicit_positions; ++j) o.k_positions.push_back(in.u8() % table_positions);
@@ -322,6 +617,7 @@ void linear_features(Bytes& in) {
   for (Eigen::Index i = 0; i < fq.size(); ++i) fq.data()[i] = feature();
   for (Eigen::Index i = 0; i < fk.size(); ++i) fk.data()[i] = feature();
   for (Eigen::Index i = 0; i < v.size(); ++i) v.data()[i] = attention_element<T>(in);
+  const rope::Style style = in.flag() ? rope::Style::block_diagonal : rope::Style::rotate_half;
 
   const bool valid = o.chunk > 0 && (!eq19 || (m % 2 == 0 && table_dim == m));
   // Eq. 19 looks its positions up in the feature table.
@@ -335,7 +631,7 @@ void linear_features(Bytes& in) {
                             " table=" + std::to_string(table_dim) + " chunk=" + std::to_string(o.chunk);
   ra::Matrix<T> got;
   try {
-    got = eq19 ? ra::linear_eq19(fq, fk, v, ra::Rotation<T>{&table}, o) : ra::linear(fq, fk, v, o);
+    got = eq19 ? ra::linear_eq19(fq, fk, v, ra::Rotation<T>(&table, style), o) : ra::linear(fq, fk, v, o);
   } catch (const rope::invalid_argument& e) {
     ROPE_FUZZ_CHECK(!valid, where + ": " + e.what());
     return;
@@ -357,8 +653,8 @@ void linear_features(Bytes& in) {
   for (std::size_t i = 0; i < lq; ++i) {
     std::vector<LD> qn(m), qd(m);
     for (std::size_t c = 0; c < m; ++c) qn[c] = qd[c] = fq(Eigen::Index(i), Eigen::Index(c));
-    const std::vector<LD> q_mag = pair_magnitudes(qn, rope::Style::rotate_half, eq19 ? m : 0);
-    if (eq19) qn = rotate_ld(qn, table, rope::Style::rotate_half, m, pos(o.q_positions, i));
+    const std::vector<LD> q_mag = pair_magnitudes(qn, style, eq19 ? m : 0);
+    if (eq19) qn = rotate_ld(qn, table, style, m, pos(o.q_positions, i));
     LD den = 0;
     std::vector<LD> num(dv, 0), num_magnitude(dv, 0);
     bool finite = finite_all(qn) && finite_all(qd), seen = false, nan_score = false;
@@ -366,13 +662,13 @@ void linear_features(Bytes& in) {
     for (std::size_t j = 0; j < lk; ++j) {
       const std::int64_t sq = o.q_sequence.empty() ? 0 : o.q_sequence[i],
                          sk = o.k_sequence.empty() ? 0 : o.k_sequence[j];
-      if (sq != sk || (o.causal && pos(o.k_positions, j) > pos(o.q_positions, i))) continue;
+      if (sq != sk || (o.mask.causal && pos(o.k_positions, j) > pos(o.q_positions, i))) continue;
       seen = true;
       std::vector<LD> kn(m), kd(m);
       for (std::size_t c = 0; c < m; ++c) kn[c] = kd[c] = fk(Eigen::Index(j), Eigen::Index(c));
       finite = finite && finite_all(kd);
-      const LD a_bound = dot_magnitude(q_mag, pair_magnitudes(kn, rope::Style::rotate_half, eq19 ? m : 0));
-      if (eq19) kn = rotate_ld(kn, table, rope::Style::rotate_half, m, pos(o.k_positions, j));
+      const LD a_bound = dot_magnitude(q_mag, pair_magnitudes(kn, style, eq19 ? m : 0));
+      if (eq19) kn = rotate_ld(kn, table, style, m, pos(o.k_positions, j));
       LD a = 0, b = 0;
       for (std::size_t c = 0; c < m; ++c) {
         a += qn[c] * kn[c];
@@ -394,7 +690,12 @@ void linear_features(Bytes& in) {
     }
     const std::string at = where + " row " + std::to_string(i);
     if (!finite) {
-      check_nan_row(&got(Eigen::Index(i), 0), dv, nan_score, nan_value, at);
+      Want w;
+      w.sees = true;
+      w.finite = false;
+      w.nan_score = nan_score;
+      w.nan_value = nan_value;
+      check_row<T>(&got(Eigen::Index(i), 0), nullptr, w, dv, kNegInf, at);
       continue;
     }
     for (std::size_t c = 0; c < dv; ++c) {
@@ -419,10 +720,12 @@ void linear_views(Bytes& in) {
   fo.seed = in.u8();
   const ra::FavorFeatures phi(d, fo);
   const rope::Table<double> table(rope::frequencies(m, 100.0), 16);
+  const ra::Rotation<double> rotation(&table, rope::Style::rotate_half);
   ra::LinearOptions o;
-  o.causal = in.flag();
+  o.mask.causal = in.flag();
   o.chunk = 1 + in.u8() % 4;
-  o.threads = in.u8() % 3;
+  const std::size_t threads = in.u8() % 3;
+  o.threads = threads;
   auto q = elements<double>(in, l * hq * d), k = elements<double>(in, l * hk * d),
        v = elements<double>(in, l * hk * dv);
   std::vector<double> out(l * hq * dv, -9.0);
@@ -430,21 +733,21 @@ void linear_views(Bytes& in) {
   rope::View<double> out_view = rope::View<double>::token_major(out.data(), l, hq, dv);
   const bool broken_view = in.u8() % 8 == 0 && hq > 1;
   if (broken_view) out_view.head_stride = 1;
-  const bool valid = o.threads > 0 && !(broken_view && dv > 1);
+  const bool valid = threads > 0 && !(broken_view && dv > 1);
   const auto qv = rope::View<const double>::token_major(q.data(), l, hq, d);
   const auto kv = rope::View<const double>::token_major(k.data(), l, hk, d);
   const auto vv = rope::View<const double>::token_major(v.data(), l, hk, dv);
   try {
-    ra::linear_eq19<double>(qv, kv, vv, out_view, phi, {&table}, o);
+    ra::linear_eq19<double>(qv, kv, vv, out_view, phi, rotation, o);
   } catch (const rope::invalid_argument& e) {
     ROPE_FUZZ_CHECK(!valid, std::string("linear views: ") + e.what());
-    ROPE_FUZZ_CHECK(std::memcmp(out.data(), out_before.data(), out.size() * sizeof(double)) == 0, "linear views wrote");
+    ROPE_FUZZ_CHECK(same_bytes(out, out_before), "linear views wrote");
     return;
   }
   ROPE_FUZZ_CHECK(valid, "linear views: an invalid call was accepted");
   if (broken_view) return;
   ra::LinearOptions one = o;
-  one.threads = 1;
+  one.threads = std::size_t{1};
   for (std::size_t h = 0; h < hq; ++h) {
     ra::Matrix<double> qh(static_cast<Eigen::Index>(l), static_cast<Eigen::Index>(d)),
         kh(static_cast<Eigen::Index>(l), static_cast<Eigen::Index>(d)),
@@ -456,7 +759,7 @@ void linear_views(Bytes& in) {
       }
       for (std::size_t c = 0; c < dv; ++c) vh(Eigen::Index(t), Eigen::Index(c)) = v[(t * hk + h / group) * dv + c];
     }
-    const ra::Matrix<double> want = ra::linear_eq19(qh, kh, vh, phi, ra::Rotation<double>{&table}, one);
+    const ra::Matrix<double> want = ra::linear_eq19(qh, kh, vh, phi, rotation, one);
     for (std::size_t t = 0; t < l; ++t) {
       for (std::size_t c = 0; c < dv; ++c) {
         const double a = out[(t * hq + h) * dv + c], b = want(Eigen::Index(t), Eigen::Index(c));
@@ -469,96 +772,23 @@ void linear_views(Bytes& in) {
   }
 }
 
-// softmax_step: a cache of `length` of `capacity` tokens, n new tokens,
-// positions contiguous from k_offset or given, sometimes a view that
-// overlaps the cache or does not fit it. A refused step writes nothing (the
-// caches, the output and the length); an accepted one equals its parts done
-// by hand: the new keys rotated by rope::apply and the values copied into
-// their slots, then softmax over the cache's keys as stored, bit for bit.
-template <class T>
-void softmax_step_typed(Bytes& in) {
-  const std::size_t capacity = 1 + in.u8() % 10, length = in.u8() % (capacity + 2), n = in.u8() % 4;
-  const std::size_t hk = 1 + in.u8() % 2, group = 1 + in.u8() % 3, hq = hk * group;
-  const std::size_t d = 2 * (1 + in.u8() % 4), dv = 1 + in.u8() % 4, table_positions = 1 + in.u8() % 20;
-  const rope::Table<T> table(rope::frequencies(d, 100.0), table_positions);
-  const ra::Rotation<T> rotation{&table, in.flag() ? rope::Style::rotate_half : rope::Style::block_diagonal};
-  ra::SoftmaxOptions o;
-  o.causal = in.flag();
-  o.threads = 1 + in.u8() % 3;
-  o.k_offset = static_cast<std::int64_t>(in.u8() % (table_positions + 2)) - 1;
-  if (in.u8() % 4 == 0) {
-    for (std::size_t t = 0; t < n; ++t)
-      o.q_positions.push_back(static_cast<std::int64_t>(in.u8() % (table_positions + 1)));
+// ---------------------------------------------------------------------------
+// Paged caches, shapes and batches.
+
+// A value no row holds, in the gaps between a pool's rows: a call that
+// read a gap would make NaN (int8: a code the quantizer never writes).
+template <class E>
+E poison() {
+  if constexpr (std::is_same<E, std::int8_t>::value) {
+    return std::int8_t{-128};
+  } else {
+    return from_float<E>(std::numeric_limits<float>::quiet_NaN());
   }
-  auto k_cache = elements<T>(in, capacity * hk * d), v_cache = elements<T>(in, capacity * hk * dv);
-  auto q = elements<T>(in, n * hq * d), k_new = elements<T>(in, n * hk * d), v_new = elements<T>(in, n * hk * dv);
-  std::vector<T> out(std::max<std::size_t>(n * hq * dv, 1), T(-9));
-  ra::KvCache<T> cache{rope::View<T>::token_major(k_cache.data(), capacity, hk, d),
-                       rope::View<T>::token_major(v_cache.data(), capacity, hk, dv), length};
-  rope::View<const T> k_view = rope::View<const T>::token_major(k_new.data(), n, hk, d);
-  const std::uint8_t view_break = in.u8() % 8;
-  if (view_break == 0 && n > 0 && n <= capacity)
-    k_view = rope::View<const T>(cache.k.slice_tokens(0, n));  // in the cache
-  const auto k_before = k_cache, v_before = v_cache, out_before = out;
-  const std::string where = "softmax_step capacity=" + std::to_string(capacity) + " length=" + std::to_string(length) +
-                            " n=" + std::to_string(n) + " break=" + std::to_string(view_break);
-  bool threw = false;
-  try {
-    ra::softmax_step<T>(rope::View<const T>::token_major(q.data(), n, hq, d), k_view,
-                        rope::View<const T>::token_major(v_new.data(), n, hk, dv), cache,
-                        rope::View<T>::token_major(out.data(), n, hq, dv), rotation, o);
-  } catch (const rope::invalid_argument& e) {
-    threw = true;
-    ROPE_FUZZ_CHECK(std::string(e.what()).find("rope::attention::softmax_step: ") == 0, e.what());
-  } catch (const rope::out_of_range& e) {
-    threw = true;
-    ROPE_FUZZ_CHECK(std::string(e.what()).find("rope::attention::softmax_step: ") == 0, e.what());
-  }
-  if (threw) {
-    ROPE_FUZZ_CHECK(cache.length == length, where + ": length changed");
-    ROPE_FUZZ_CHECK(std::memcmp(k_cache.data(), k_before.data(), k_cache.size() * sizeof(T)) == 0,
-                    where + ": k written");
-    ROPE_FUZZ_CHECK(std::memcmp(v_cache.data(), v_before.data(), v_cache.size() * sizeof(T)) == 0,
-                    where + ": v written");
-    ROPE_FUZZ_CHECK(std::memcmp(out.data(), out_before.data(), out.size() * sizeof(T)) == 0, where + ": out written");
-    return;
-  }
-  ROPE_FUZZ_CHECK(view_break != 0 || n == 0 || n > capacity, where + ": a k_new inside the cache was accepted");
-  ROPE_FUZZ_CHECK(length + n <= capacity && cache.length == length + n, where + ": the length");
-  // The same step by hand: rotated keys and values in the slots, then
-  // softmax over the cache as stored.
-  auto k_want = k_before, v_want = v_before;
-  std::vector<std::int64_t> new_positions(n);
-  for (std::size_t t = 0; t < n; ++t) {
-    new_positions[t] = o.q_positions.empty() ? o.k_offset + static_cast<std::int64_t>(length + t) : o.q_positions[t];
-  }
-  const std::size_t total = length + n;
-  if (n > 0) {
-    rope::apply<T>(rope::View<const T>::token_major(k_new.data(), n, hk, d),
-                   rope::View<T>::token_major(k_want.data() + length * hk * d, n, hk, d), table, rotation.style,
-                   new_positions.data());
-    std::memcpy(v_want.data() + length * hk * dv, v_new.data(), n * hk * dv * sizeof(T));
-  }
-  ROPE_FUZZ_CHECK(std::memcmp(k_cache.data(), k_want.data(), k_cache.size() * sizeof(T)) == 0, where + ": k slots");
-  ROPE_FUZZ_CHECK(std::memcmp(v_cache.data(), v_want.data(), v_cache.size() * sizeof(T)) == 0, where + ": v slots");
-  ra::SoftmaxOptions plain = o;
-  plain.keys_rotated = true;
-  plain.q_offset = o.k_offset + static_cast<std::int64_t>(length);
-  if (!o.q_positions.empty()) {
-    plain.k_positions.clear();
-    for (std::size_t j = 0; j < length; ++j) plain.k_positions.push_back(o.k_offset + static_cast<std::int64_t>(j));
-    plain.k_positions.insert(plain.k_positions.end(), new_positions.begin(), new_positions.end());
-  }
-  std::vector<T> want(out.size(), T(-9));
-  ra::softmax<T>(rope::View<const T>::token_major(q.data(), n, hq, d),
-                 rope::View<const T>::token_major(k_want.data(), total, hk, d),
-                 rope::View<const T>::token_major(v_want.data(), total, hk, dv),
-                 rope::View<T>::token_major(want.data(), n, hq, dv), rotation, plain);
-  ROPE_FUZZ_CHECK(std::memcmp(out.data(), want.data(), out.size() * sizeof(T)) == 0, where + ": the output");
 }
 
-// A pool of K or V rows for the batch decoders, its rows filled through
-// store_kv_row (int8: with their scales), or with a broken scales pointer.
+// A pool of K or V rows, its rows filled through store_kv_row (int8: with
+// their scales), in one of three layouts: NHD, HND, or NHD with gaps between
+// heads, tokens and pages (which no call may read or write).
 template <class E>
 struct PoolData {
   std::vector<E> data;
@@ -567,21 +797,34 @@ struct PoolData {
 };
 
 template <class E>
-void make_pool(PoolData<E>& p, Bytes& in, std::size_t pages, std::size_t page_size, std::size_t heads, std::size_t dim,
-               bool hnd) {
+void fill_rows(const ra::PagePool<E>& pool, Bytes& in) {
   constexpr bool scaled = rope::KvElement<E>::kScaled;
-  p.data.assign(pages * page_size * heads * dim, E{});
-  p.scales.assign(pages * page_size * heads, 0.0f);
-  float* scales = scaled ? p.scales.data() : nullptr;
-  p.pool = hnd ? ra::PagePool<E>::hnd(p.data.data(), pages, page_size, heads, dim, scales)
-               : ra::PagePool<E>::nhd(p.data.data(), pages, page_size, heads, dim, scales);
-  std::vector<float> row(dim);
-  for (std::size_t slot = 0; slot < p.pool.slots(); ++slot) {
-    for (std::size_t h = 0; h < heads; ++h) {
+  std::vector<float> row(pool.head_dim);
+  for (std::size_t slot = 0; slot < pool.slots(); ++slot) {
+    for (std::size_t h = 0; h < pool.heads; ++h) {
       for (auto& x : row) x = attention_element<float>(in);
-      rope::store_kv_row(row.data(), dim, p.pool.row(slot, h), scaled ? p.pool.scale(slot, h) : nullptr);
+      rope::store_kv_row(row.data(), pool.head_dim, pool.row(slot, h), scaled ? pool.scale(slot, h) : nullptr);
     }
   }
+}
+
+template <class E>
+void make_pool(PoolData<E>& p, Bytes& in, std::size_t pages, std::size_t ps, std::size_t heads, std::size_t dim,
+               std::uint8_t layout) {
+  constexpr bool scaled = rope::KvElement<E>::kScaled;
+  p.scales.assign(pages * ps * heads, 0.0f);
+  float* scales = scaled ? p.scales.data() : nullptr;
+  if (layout % 3 == 2) {
+    const std::size_t head_stride = dim + 1, token_stride = heads * head_stride + 2,
+                      page_stride = ps * token_stride + 3;
+    p.data.assign(pages * page_stride, poison<E>());
+    p.pool = ra::PagePool<E>{p.data.data(), scales, pages, ps, heads, dim, page_stride, token_stride, head_stride};
+  } else {
+    p.data.assign(pages * ps * heads * dim, poison<E>());
+    p.pool = layout % 3 == 1 ? ra::PagePool<E>::hnd(p.data.data(), pages, ps, heads, dim, scales)
+                             : ra::PagePool<E>::nhd(p.data.data(), pages, ps, heads, dim, scales);
+  }
+  fill_rows(p.pool, in);
 }
 
 // Value c of row (slot, h) as the cache means it: widened, times its scale.
@@ -591,457 +834,564 @@ LD stored(const ra::PagePool<E>& p, std::size_t slot, std::size_t h, std::size_t
   return rope::KvElement<E>::kScaled ? x * LD(*p.scale(slot, h)) : x;
 }
 
+// A pool's bytes and scales as they were before a call.
 template <class E>
-bool same_pool(const PoolData<E>& p, const std::vector<E>& data, const std::vector<float>& scales) {
-  return std::memcmp(p.data.data(), data.data(), data.size() * sizeof(E)) == 0 &&
-         std::memcmp(p.scales.data(), scales.data(), scales.size() * sizeof(float)) == 0;
+struct PoolBefore {
+  std::vector<E> data;
+  std::vector<float> scales;
+};
+
+template <class E>
+PoolBefore<E> before(const PoolData<E>& p) {
+  return {p.data, p.scales};
 }
 
-template <class T>
-T from_float(float x) {
-  if constexpr (std::is_same<T, float>::value) {
-    return x;
-  } else {
-    return T(x);
+template <class E>
+bool unchanged(const PoolData<E>& p, const PoolBefore<E>& b) {
+  return same_bytes(p.data, b.data) && same_bytes(p.scales, b.scales);
+}
+
+// After a call that writes the rows want(t, h) of token writer[slot] into
+// its slot, each value within one rounding into E (a non-finite int8 row:
+// codes 0 and a NaN scale): every other byte of the pool (other slots, the
+// gaps between rows, other scales) as it was.
+template <class E, class WantRow>
+void check_written(const PoolData<E>& now, const PoolBefore<E>& was, const std::vector<std::int64_t>& writer,
+                   WantRow want_row, const std::string& where) {
+  constexpr bool scaled = rope::KvElement<E>::kScaled;
+  const ra::PagePool<E>& pool = now.pool;
+  std::vector<E> data = now.data;
+  std::vector<float> scales = now.scales;
+  for (std::size_t s = 0; s < writer.size(); ++s) {
+    if (writer[s] < 0) continue;
+    const auto t = static_cast<std::size_t>(writer[s]);
+    for (std::size_t h = 0; h < pool.heads; ++h) {
+      const std::string at = where + " slot " + std::to_string(s) + " head " + std::to_string(h);
+      const std::vector<LD> x = want_row(t, h);
+      if (!finite_all(x)) {
+        if (scaled) {
+          ROPE_FUZZ_CHECK(std::isnan(*pool.scale(s, h)), at + ": a non-finite row's scale is not NaN");
+          for (std::size_t c = 0; c < pool.head_dim; ++c)
+            ROPE_FUZZ_CHECK(rope::detail::widen_value(pool.row(s, h)[c]) == 0.0f, at + ": not 0");
+        }
+      } else {
+        const LD top = top_of(x);
+        if (scaled) {
+          ROPE_FUZZ_CHECK(std::fabs(LD(*pool.scale(s, h)) - top / 127) <= 1e-6L * (1 + top), at + ": the scale");
+        }
+        for (std::size_t c = 0; c < pool.head_dim; ++c) {
+          const LD got = stored(pool, s, h, c);
+          ROPE_FUZZ_CHECK(within_one_rounding<E>(got, x[c], top), at + " channel " + std::to_string(c) + ": got " +
+                                                                      std::to_string(double(got)) + ", want " +
+                                                                      std::to_string(double(x[c])));
+        }
+      }
+      // Put the row back as it was: what remains must be the old bytes.
+      const auto offset = static_cast<std::size_t>(pool.row(s, h) - pool.data);
+      std::copy(was.data.begin() + static_cast<std::ptrdiff_t>(offset),
+                was.data.begin() + static_cast<std::ptrdiff_t>(offset + pool.head_dim),
+                data.begin() + static_cast<std::ptrdiff_t>(offset));
+      if (scaled) scales[s * pool.heads + h] = was.scales[s * pool.heads + h];
+    }
+  }
+  ROPE_FUZZ_CHECK(same_bytes(data, was.data) && same_bytes(scales, was.scales),
+                  where + ": bytes written outside the new tokens' rows");
+}
+
+// A step's shape as the caller may set it, from the cache's (Shape::of):
+// kv_split drawn, and sometimes a field broken (refused by plan()), or one
+// that plan() accepts but the cache does not fit (refused by append and
+// attend), or v_head_dim 0 (head_dim: fits only a cache with dv == d).
+struct DrawnShape {
+  ra::Shape shape;
+  bool valid = true;  // plan() accepts it
+  bool fits = true;   // the cache it came from fits it
+};
+
+DrawnShape draw_shape(Bytes& in, const ra::Shape& of) {
+  DrawnShape d;
+  ra::Shape& s = d.shape;
+  s = of;
+  const std::size_t splits[] = {1, 2, 3, 5, 512, 0};
+  s.kv_split = splits[in.u8() % 6];
+  switch (in.u8() % 16) {
+    case 1: s.q_heads = 0; break;
+    case 2: s.kv_heads = 0; break;
+    case 3: s.kv_heads = s.q_heads + 1; break;  // not a divisor
+    case 4: s.head_dim = 0; break;
+    case 5: s.page_size = 0; break;
+    case 6: s.pages = 0; break;
+    case 7: s.pages += 1; break;
+    case 8: s.head_dim += 1; break;
+    case 9: s.v_head_dim = 0; break;
+    case 10: s.page_size += 1; break;
+    default: break;
+  }
+  d.valid = s.q_heads >= 1 && s.kv_heads >= 1 && s.q_heads % s.kv_heads == 0 && s.head_dim >= 1 && s.page_size >= 1 &&
+            s.pages >= 1 && s.kv_split >= 1;
+  d.fits = s.kv_heads == of.kv_heads && s.head_dim == of.head_dim && s.dv() == of.dv() && s.page_size == of.page_size &&
+           s.pages == of.pages;
+  return d;
+}
+
+// A batch as a scheduler may hand it over: new tokens per sequence, lengths
+// (sometimes below the new tokens or past the pages), block tables (ids
+// outside the pool, a page twice, pages shared with another sequence), and
+// sometimes a broken start or a null array. Its validity, positions and
+// slots are judged by judge() from plan.hpp's comment, for a shape.
+struct DrawnBatch {
+  std::size_t sequences = 0, stride = 0, tokens = 0;
+  std::vector<std::int64_t> n;
+  Exact<std::int64_t> q_starts, lengths;
+  Exact<std::int32_t> table;
+  ra::Batch batch;
+  std::uint8_t broken = 0;
+  bool valid = false;
+  bool shared_write = false;             // a new token into a page another sequence reads
+  std::vector<std::int64_t> positions;   // per new token, when valid
+  std::vector<std::int64_t> slots;       // per new token, when valid
+  std::vector<std::size_t> sequence_of;  // per new token
+
+  // Sequence b's key j: its slot (unchecked).
+  std::size_t slot(std::size_t b, std::int64_t j, std::size_t ps) const {
+    const std::int32_t page = table[b * stride + static_cast<std::size_t>(j) / ps];
+    return static_cast<std::size_t>(page) * ps + static_cast<std::size_t>(j) % ps;
+  }
+  std::int64_t start(std::size_t b) const {
+    std::int64_t s = 0;
+    for (std::size_t i = 0; i < b; ++i) s += n[i];
+    return s;
+  }
+};
+
+void draw_batch(DrawnBatch& b, Bytes& in, std::size_t pages, std::size_t ps) {
+  b.sequences = in.u8() % 4;
+  b.stride = in.u8() % 4;
+  const auto capacity = static_cast<std::int64_t>(b.stride * ps);
+  b.n.assign(b.sequences, 0);
+  b.q_starts = Exact<std::int64_t>(b.sequences + 1);
+  b.lengths = Exact<std::int64_t>(b.sequences);
+  b.table = Exact<std::int32_t>(b.sequences * b.stride);
+  std::int64_t start = 0;
+  for (std::size_t s = 0; s < b.sequences; ++s) {
+    b.n[s] = in.u8() % 4;
+    b.q_starts[s] = start;
+    start += b.n[s];
+    const std::uint8_t kind = in.u8() % 16;
+    const std::int64_t room = capacity - b.n[s];
+    b.lengths[s] = kind == 0   ? b.n[s] - 1
+                   : kind == 1 ? capacity + 1
+                               : b.n[s] + (room >= 0 ? static_cast<std::int64_t>(in.u8() % (room + 1)) : 0);
+  }
+  b.q_starts[b.sequences] = start;
+  b.tokens = static_cast<std::size_t>(start);
+  for (std::size_t i = 0; i < b.table.n; ++i) {
+    b.table[i] = in.u8() % 16 == 0 ? (in.flag() ? -1 : static_cast<std::int32_t>(pages))
+                                   : static_cast<std::int32_t>(in.u8() % pages);
+  }
+  // A shared prefix: sequence 1 starts with sequence 0's first pages.
+  if (b.sequences >= 2 && b.stride > 0 && in.u8() % 4 == 0) {
+    const std::size_t shared = 1 + in.u8() % b.stride;
+    for (std::size_t i = 0; i < shared; ++i) b.table[b.stride + i] = b.table[i];
+  }
+  b.batch = ra::Batch{b.q_starts.data(), b.lengths.data(), b.table.data(), b.stride, b.sequences};
+  b.broken = in.u8() % 16;
+  switch (b.broken) {
+    case 1: b.q_starts[0] = 1; break;
+    case 2: b.batch.q_starts = nullptr; break;
+    case 3: b.batch.lengths = nullptr; break;
+    case 4: b.batch.block_table = nullptr; break;
+    case 5:
+      if (b.sequences >= 1) b.q_starts[1] = -1;  // starts that decrease
+      break;
+    default: break;
   }
 }
 
-// softmax_batch over a paged cache of E: random sequences (new tokens,
-// lengths, block tables with ids outside the pool), options (scale, softcap,
-// sinks, window, rotation, kv_split, threads) and broken views. A refused
-// call throws and writes nothing; an accepted one leaves the pools as they
-// were, equals a long-double recomputation over the dequantized cache on
-// every row that sees only finite values, and is the same bytes with one
-// thread.
+// plan()'s checks of a batch against a shape (plan.hpp), and the positions
+// and slots it must derive.
+void judge(DrawnBatch& b, const ra::Shape& s) {
+  const std::size_t ps = s.page_size;
+  bool v = b.batch.q_starts != nullptr && b.q_starts[0] == 0;
+  if (b.sequences > 0) v = v && b.batch.lengths != nullptr && b.batch.block_table != nullptr;
+  std::vector<std::vector<std::int32_t>> used(b.sequences);
+  for (std::size_t i = 0; i < b.sequences && v; ++i) {
+    const std::int64_t n = b.q_starts[i + 1] - b.q_starts[i], len = b.lengths[i];
+    v = v && n >= 0 && len >= n;
+    if (!v || n == 0) continue;
+    v = v && static_cast<std::uint64_t>(len) <= static_cast<std::uint64_t>(b.stride) * ps;
+    for (std::int64_t j = 0; j < len && v; j += static_cast<std::int64_t>(ps)) {
+      const std::int32_t id = b.table[i * b.stride + static_cast<std::size_t>(j) / ps];
+      v = v && id >= 0 && static_cast<std::size_t>(id) < s.pages;
+      v = v && std::find(used[i].begin(), used[i].end(), id) == used[i].end();
+      used[i].push_back(id);
+    }
+  }
+  b.valid = v;
+  b.positions.clear();
+  b.slots.clear();
+  b.sequence_of.clear();
+  b.shared_write = false;
+  if (!v) return;
+  for (std::size_t i = 0; i < b.sequences; ++i) {
+    for (std::int64_t t = 0; t < b.n[i]; ++t) {
+      const std::int64_t p = b.lengths[i] - b.n[i] + t;
+      const std::size_t slot = b.slot(i, p, ps);
+      b.positions.push_back(p);
+      b.slots.push_back(static_cast<std::int64_t>(slot));
+      b.sequence_of.push_back(i);
+      const auto page = static_cast<std::int32_t>(slot / ps);
+      for (std::size_t o = 0; o < b.sequences; ++o) {
+        if (o != i && std::find(used[o].begin(), used[o].end(), page) != used[o].end()) b.shared_write = true;
+      }
+    }
+  }
+}
+
+// What an accepted plan() must hold: each new token's position and slot,
+// and its work items in token order over all its sequence's keys, a decode
+// token's split at multiples of kv_split and merged from distinct partial
+// states, any other token's one direct item.
+void check_plan(const ra::Plan& plan, const DrawnBatch& b, const ra::Shape& s, const rope::Threads& threads,
+                const std::string& where) {
+  ROPE_FUZZ_CHECK(plan.sequences() == b.sequences && plan.tokens() == b.tokens, where + ": the plan's counts");
+  ROPE_FUZZ_CHECK(plan.shape().v_head_dim == s.dv() && plan.shape().kv_split == s.kv_split &&
+                      plan.shape().q_heads == s.q_heads && plan.shape().page_size == s.page_size,
+                  where + ": the plan's shape");
+  ROPE_FUZZ_CHECK(plan.threads().shares() == threads.shares(), where + ": the plan's threads");
+  const auto& items = plan.items();
+  std::vector<std::size_t> partials;
+  std::size_t item = 0;
+  for (std::size_t t = 0; t < b.tokens; ++t) {
+    ROPE_FUZZ_CHECK(plan.position(t) == b.positions[t] && plan.positions()[t] == b.positions[t],
+                    where + ": position of token " + std::to_string(t));
+    ROPE_FUZZ_CHECK(plan.slot(t) == b.slots[t], where + ": slot of token " + std::to_string(t));
+    const std::size_t seq = b.sequence_of[t];
+    const auto len = static_cast<std::size_t>(b.lengths[seq]);
+    const std::size_t first = item;
+    const auto expect = [&](std::size_t key, std::size_t count) {
+      ROPE_FUZZ_CHECK(item < items.size(), where + ": too few items");
+      const ra::WorkItem& it = items[item++];
+      ROPE_FUZZ_CHECK(it.sequence == seq && it.token == t && it.first_key == key && it.keys == count,
+                      where + ": item " + std::to_string(item - 1) + " of token " + std::to_string(t));
+    };
+    if (b.n[seq] == 1) {
+      for (std::size_t k = 0; k < len;) {
+        const std::size_t end = std::min(len, (k / s.kv_split + 1) * s.kv_split);
+        expect(k, end - k);
+        k = end;
+      }
+    } else {
+      expect(0, len);
+    }
+    for (std::size_t i = first; i < item; ++i) {
+      if (item - first == 1) {
+        ROPE_FUZZ_CHECK(items[i].partial == ra::WorkItem::kDirect, where + ": a lone item is not direct");
+      } else {
+        ROPE_FUZZ_CHECK(items[i].partial != ra::WorkItem::kDirect, where + ": a split item is direct");
+        partials.push_back(items[i].partial);
+      }
+    }
+  }
+  ROPE_FUZZ_CHECK(item == items.size(), where + ": items past the tokens'");
+  std::sort(partials.begin(), partials.end());
+  ROPE_FUZZ_CHECK(std::adjacent_find(partials.begin(), partials.end()) == partials.end(),
+                  where + ": two items share a partial state");
+}
+
+// Puts into p a plan that the call's views fit (one sequence of `tokens`
+// new tokens over pages 0, 1, ...), or one of no tokens where the pool is too
+// small: the plan() under test then replaces it, or must leave none.
+void plan_before(ra::Plan& p, const ra::Shape& of, std::size_t tokens) {
+  const std::int64_t none[1] = {0};
+  if (tokens > of.pages * of.page_size) {
+    ra::plan(p, of, ra::Batch{none, nullptr, nullptr, 0, 0});
+    return;
+  }
+  const std::int64_t starts[2] = {0, static_cast<std::int64_t>(tokens)};
+  const std::int64_t length = static_cast<std::int64_t>(tokens);
+  std::vector<std::int32_t> row(of.pages);
+  for (std::size_t i = 0; i < row.size(); ++i) row[i] = static_cast<std::int32_t>(i);
+  ra::plan(p, of, ra::Batch{starts, &length, row.data(), row.size(), 1});
+}
+
+// plan() of a drawn shape and batch into p (which held another plan):
+// refused exactly when the shape, the threads or the batch break plan.hpp's
+// contract, and then with the function's name; accepted, the plan holds what
+// check_plan expects. Returns whether it was accepted.
+bool plan_step(ra::Plan& p, const DrawnShape& shape, DrawnBatch& b, const DrawnThreads& threads,
+               const std::string& where) {
+  if (shape.valid) judge(b, shape.shape);
+  const bool valid = shape.valid && threads.valid && b.valid;
+  bool planned = true;
+  try {
+    ra::plan(p, shape.shape, b.batch, threads.threads);
+  } catch (const rope::invalid_argument& e) {
+    planned = false;
+    ROPE_FUZZ_CHECK(!valid, where + ": plan refused a valid step: " + e.what());
+    ROPE_FUZZ_CHECK(named(e, "rope::attention::plan"), e.what());
+  }
+  ROPE_FUZZ_CHECK(planned == valid, where + ": plan accepted an invalid step");
+  if (planned) check_plan(p, b, shape.shape, threads.threads, where);
+  return planned;
+}
+
+// The refusal of a call that read a plan whose last plan() failed.
 template <class E>
-void batch_typed(Bytes& in) {
+void check_no_plan(const E& e, const char* fn, const std::string& where) {
+  ROPE_FUZZ_CHECK(named(e, fn) && e.argument() == "plan",
+                  where + ": a plan whose plan() failed must be refused first, got " + e.what());
+}
+
+// ---------------------------------------------------------------------------
+// attend.
+
+// The attention of token t's query heads (rows of q, read as given) over
+// its sequence's keys (key j in slots[j]) that a query at position p sees
+// through the mask, checked row by row against out (and lse, when set).
+template <class E, class Q, class O>
+void check_attend_token(const std::string& where, const rope::View<const Q>& q, const rope::View<O>& out,
+                        const float* lse, std::size_t t, std::int64_t p, const std::vector<std::size_t>& slots,
+                        const ra::PagePool<E>& kp, const ra::PagePool<E>& vp, std::size_t group,
+                        const LogitsIn<float>& logits, const ra::Mask& mask) {
+  const std::size_t hq = q.heads, d = q.head_dim, dv = out.head_dim;
+  for (std::size_t h = 0; h < hq; ++h) {
+    const std::size_t g = h / group;
+    const std::vector<LD> qr = view_row(q, t, h);
+    std::vector<Scored> keys;
+    bool finite = finite_all(qr), nan_score = false;
+    std::vector<bool> nan_value(dv, false);
+    for (std::size_t j = 0; j < slots.size(); ++j) {
+      const auto jj = static_cast<std::int64_t>(j);
+      if (mask.causal && jj > p) continue;
+      if (mask.window > 0 && jj <= p - static_cast<std::int64_t>(mask.window)) continue;
+      Scored s;
+      s.v.resize(dv);
+      for (std::size_t c = 0; c < d; ++c) {
+        const LD kc = stored(kp, slots[j], g, c);
+        finite = finite && std::isfinite(kc);
+        s.dot += qr[c] * kc;
+        s.magnitude += std::fabs(qr[c]) * std::fabs(kc);
+      }
+      for (std::size_t c = 0; c < dv; ++c) {
+        s.v[c] = stored(vp, slots[j], g, c);
+        finite = finite && std::isfinite(s.v[c]);
+        nan_value[c] = nan_value[c] || std::isnan(s.v[c]);
+      }
+      nan_score = nan_score || std::isnan(s.dot);
+      keys.push_back(std::move(s));
+    }
+    const Want w = softmax_want<float>(keys, d, dv, logits, h, finite, nan_score, nan_value);
+    check_row<O>(out.row(t, h), lse != nullptr ? lse + t * hq + h : nullptr, w, dv, logits.sinks[h],
+                 where + ": token " + std::to_string(t) + " head " + std::to_string(h));
+  }
+}
+
+// plan and attend over a paged cache of E, q of Q, out of O: random
+// sequences (new tokens, lengths, block tables with ids outside the pool, a
+// page twice, shared prefixes), shapes and batches plan() refuses or that do
+// not fit the cache, a plan whose plan() failed, masks, logits (scale,
+// softcap, sinks), kv_split, threads or an executor, lse or not, and broken
+// views (out or lse over q, out or the cache, pools with scales wrong or
+// overlapping pages). A refused call throws and writes nothing; an accepted
+// one leaves the pools and q as they were, writes out's rows (and lse) only,
+// is the same bytes with one thread and for each sequence planned alone, and
+// equals a long-double recomputation over the dequantized cache.
+template <class E, class Q, class O>
+void attend_typed(Bytes& in) {
   const std::size_t pages = 1 + in.u8() % 6, ps = 1 + in.u8() % 5, hk = 1 + in.u8() % 2, group = 1 + in.u8() % 3;
   const std::size_t hq = hk * group, d = 1 + in.u8() % 9, dv = 1 + in.u8() % 6;
-  const bool hnd = in.flag();
-  const std::size_t sequences = in.u8() % 4, stride = in.u8() % 4, capacity = stride * ps;
-  std::vector<std::int64_t> n(sequences), lengths(sequences), q_starts(sequences + 1, 0);
-  for (std::size_t b = 0; b < sequences; ++b) {
-    n[b] = in.u8() % 4;
-    q_starts[b + 1] = q_starts[b] + n[b];
-    const std::uint8_t kind = in.u8() % 16;
-    const auto room = static_cast<std::int64_t>(capacity) - n[b];
-    lengths[b] = kind == 0   ? n[b] - 1
-                 : kind == 1 ? static_cast<std::int64_t>(capacity) + 1
-                             : n[b] + (room >= 0 ? static_cast<std::int64_t>(in.u8() % (room + 1)) : 0);
-  }
-  std::vector<std::int32_t> block_table(std::max<std::size_t>(sequences * stride, 1));
-  for (auto& id : block_table) {
-    id = in.u8() % 16 == 0 ? (in.flag() ? -1 : static_cast<std::int32_t>(pages))
-                           : static_cast<std::int32_t>(in.u8() % pages);
-  }
+  const std::uint8_t layout = in.u8();
   // Breaks are read before the long arrays, and 0 (what a short input reads)
   // breaks nothing.
-  const std::uint8_t starts_break = in.u8() % 16, view_break = in.u8() % 16;
-  const std::size_t tokens = static_cast<std::size_t>(q_starts[sequences]) + (starts_break == 2 ? 1 : 0);
-  if (starts_break == 1) q_starts[0] = 1;
-
-  const bool rotate = in.flag();
-  const std::size_t table_dim = 2 * (1 + in.u8() % 4), table_positions = 1 + in.u8() % 16;
-  const rope::Table<float> table(rope::frequencies(table_dim, 100.0), table_positions);
-  ra::BatchOptions o;
-  if (rotate) {
-    o.rotation.table = &table;
-    o.rotation.style = in.flag() ? rope::Style::rotate_half : rope::Style::block_diagonal;
-    o.rotation.rotary_dim = in.u8() % 4 == 0 ? in.u8() % 10 : 0;
-  }
-  o.causal = in.flag();
-  o.window = in.u8() % 4 == 0 ? in.u8() % 5 : 0;
-  if (in.flag()) o.scale = in.u8() % 32 == 0 ? std::nan("") : 0.05 + in.u8() / 256.0;
-  if (in.u8() % 4 == 0) {
-    const double caps[] = {0.5, 5.0, 30.0, 0.0, -1.0, std::nan("")};
-    o.softcap = caps[in.u8() % 6];
-  }
-  if (in.u8() % 4 == 0) {
-    const std::size_t count = in.u8() % 8 == 0 ? hq + 1 : hq;
-    for (std::size_t h = 0; h < count; ++h) {
-      const std::uint8_t kind = in.u8() % 16;
-      o.sinks.push_back(kind == 0   ? -std::numeric_limits<double>::infinity()
-                        : kind == 1 ? std::nan("")
-                        : kind == 2 ? 1e300
-                        : kind == 3 ? -1e300
-                                    : (static_cast<int>(in.u8()) - 128) / 32.0);
-    }
-  }
-  const std::size_t splits[] = {1, 2, 3, 5, 512, 0};
-  o.kv_split = splits[in.u8() % 6];
-  o.threads = in.u8() % 4;
-
+  const std::uint8_t view_break = in.u8() % 16;
+  DrawnBatch b;
+  draw_batch(b, in, pages, ps);
+  ra::Mask mask;
+  mask.causal = in.flag();
+  mask.window = in.u8() % 4 == 0 ? in.u8() % 5 : 0;
+  const DrawnLogits logits = draw_logits<float>(in, hq);
+  const DrawnThreads threads = draw_threads(in);
+  const bool with_lse = in.flag();
   PoolData<E> kp, vp;
-  make_pool(kp, in, pages, ps, hk, d, hnd);
-  make_pool(vp, in, pages, ps, hk, dv, hnd);
-  const ra::PagedCache<E> cache{kp.pool, vp.pool};
-  auto q = elements<float>(in, tokens * hq * d);
-  std::vector<float> out(tokens * hq * (dv + 1) + 1, -9.0f);
-  rope::View<float> out_view = rope::View<float>::token_major(out.data(), tokens, hq, dv);
-  bool views_ok = true;
-  if (view_break == 1) {
-    out_view.data = nullptr;
-    views_ok = false;
-  } else if (view_break == 2 && tokens > 0 && dv <= d) {
-    out_view = rope::View<float>::token_major(q.data(), tokens, hq, dv);  // over q's rows
-    views_ok = false;
-  } else if (view_break == 3 && tokens > 0 && tokens * hq * dv * sizeof(float) <= kp.data.size() * sizeof(E)) {
-    out_view = rope::View<float>::token_major(reinterpret_cast<float*>(kp.data.data()), tokens, hq, dv);
-    views_ok = false;
-  } else if (view_break == 4) {
-    out_view = rope::View<float>::token_major(out.data(), tokens, hq, dv + 1);  // not the cache's dv
-    views_ok = false;
-  }
-  const auto q_before = q, out_before = out;
-  const auto kd = kp.data, vd = vp.data;
-  const auto ks = kp.scales, vs = vp.scales;
-  const ra::Batch batch{q_starts.data(), lengths.data(), block_table.data(), stride, sequences};
+  make_pool(kp, in, pages, ps, hk, d, layout);
+  make_pool(vp, in, pages, ps, hk, dv, layout);
+  const DrawnShape shape = draw_shape(in, ra::Shape::of(ra::PagedCache<E>{kp.pool, vp.pool}, hq));
+  const std::size_t tokens = b.tokens;
+  std::vector<Q> q = rows_of<Q>(in, tokens * hq * (d + 1));  // room for a q of head_dim d + 1
+  std::vector<O> out((tokens + 1) * hq * (dv + 2), from_float<O>(-9.0f));
+  std::vector<float> lse(tokens * hq + 1, -9.0f);
 
-  // Validity, judged here from the documentation.
-  const std::size_t r = rotate ? (o.rotation.rotary_dim == 0 ? table_dim : o.rotation.rotary_dim) : 0;
-  bool valid = views_ok && (starts_break == 0 || starts_break > 2) && o.threads > 0 && o.kv_split > 0 &&
-               (!o.scale || std::isfinite(*o.scale)) && (!o.softcap || (*o.softcap > 0 && std::isfinite(*o.softcap)));
-  if (!o.sinks.empty()) {
-    valid = valid && o.sinks.size() == hq;
-    for (double s : o.sinks) {
-      const float f = static_cast<float>(s);
-      valid = valid && (std::isfinite(f) || f == -std::numeric_limits<float>::infinity());
+  rope::View<const Q> qv = rope::View<const Q>::token_major(q.data(), tokens, hq, d);
+  rope::View<O> ov = rope::View<O>::token_major(out.data(), tokens, hq, dv);
+  float* lse_ptr = with_lse ? lse.data() : nullptr;
+  bool views_ok = true;
+  switch (view_break) {
+    case 1:
+      ov.data = nullptr;
+      views_ok = false;
+      break;
+    case 2:
+      if (tokens > 0 && tokens * hq * dv * sizeof(O) <= q.size() * sizeof(Q)) {
+        ov = rope::View<O>::token_major(reinterpret_cast<O*>(q.data()), tokens, hq, dv);  // over q
+        views_ok = false;
+      }
+      break;
+    case 3:
+      if (tokens > 0 && tokens * hq * dv * sizeof(O) <= kp.data.size() * sizeof(E)) {
+        ov = rope::View<O>::token_major(reinterpret_cast<O*>(kp.data.data()), tokens, hq, dv);  // over cache.k
+        views_ok = false;
+      }
+      break;
+    case 4:
+      ov = rope::View<O>::token_major(out.data(), tokens, hq, dv + 1);  // not the cache's dv
+      views_ok = false;
+      break;
+    case 5:
+      ov.tokens = tokens + 1;
+      views_ok = false;
+      break;
+    case 6:
+      qv = rope::View<const Q>::token_major(q.data(), tokens, hq, d + 1);
+      views_ok = false;
+      break;
+    case 7:
+      if (with_lse && tokens > 0) {
+        lse_ptr = reinterpret_cast<float*>(out.data());  // over out
+        views_ok = false;
+      }
+      break;
+    case 8:
+      if (with_lse && tokens > 0) {
+        lse_ptr = reinterpret_cast<float*>(q.data());  // over q
+        views_ok = false;
+      }
+      break;
+    case 9:
+      if (with_lse && tokens > 0 && tokens * hq * sizeof(float) <= vp.data.size() * sizeof(E)) {
+        lse_ptr = reinterpret_cast<float*>(vp.data.data());  // over cache.v
+        views_ok = false;
+      }
+      break;
+    case 10:
+      kp.pool.scales = rope::KvElement<E>::kScaled ? nullptr : kp.scales.data();
+      views_ok = false;
+      break;
+    case 11: {
+      const ra::PagePool<E>& p = vp.pool;
+      const std::size_t page_span = (p.page_size - 1) * p.token_stride + (p.heads - 1) * p.head_stride + p.head_dim;
+      if (pages > 1 && page_span > 1) {
+        vp.pool.page_stride = 1;  // pages that overlap
+        views_ok = false;
+      }
+      break;
     }
+    case 12:
+      // q is only read: it may lie anywhere, even over the cache.
+      if constexpr (std::is_same<Q, E>::value) {
+        if (tokens * hq * d <= vp.data.size()) qv = rope::View<const Q>::token_major(vp.data.data(), tokens, hq, d);
+      }
+      break;
+    default: break;
   }
-  if (rotate) valid = valid && r % 2 == 0 && r <= table_dim && r <= d;
-  for (std::size_t b = 0; b < sequences; ++b) {
-    valid = valid && lengths[b] >= n[b] && lengths[b] <= static_cast<std::int64_t>(capacity);
-    if (!valid) break;
-    for (std::int64_t j = 0; j < lengths[b]; j += static_cast<std::int64_t>(ps)) {
-      const std::size_t i = static_cast<std::size_t>(j) / ps;
-      const std::int32_t id = block_table[b * stride + i];
-      valid = valid && id >= 0 && id < static_cast<std::int32_t>(pages);
-      // A page twice in one sequence's pages is refused.
-      for (std::size_t u = 0; u < i; ++u) valid = valid && block_table[b * stride + u] != id;
-    }
-    if (rotate && n[b] > 0) valid = valid && lengths[b] - 1 < static_cast<std::int64_t>(table_positions);
-  }
-  std::string where = "softmax_batch pages=" + std::to_string(pages) + "x" + std::to_string(ps) +
+  const ra::PagedCache<E> cache{kp.pool, vp.pool};
+  const PoolBefore<E> kb = before(kp), vb = before(vp);
+  const auto q_before = q;
+  const auto out_before = out;
+  const auto lse_before = lse;
+
+  std::string where = "attend pages=" + std::to_string(pages) + "x" + std::to_string(ps) +
                       " heads=" + std::to_string(hq) + "/" + std::to_string(hk) + " d=" + std::to_string(d) +
-                      " dv=" + std::to_string(dv) + " sequences=" + std::to_string(sequences) +
-                      " split=" + std::to_string(o.kv_split) + " break=" + std::to_string(view_break) + "/" +
-                      std::to_string(starts_break);
-  const auto qv = rope::View<const float>::token_major(q.data(), tokens, hq, d);
+                      " dv=" + std::to_string(dv) + " sequences=" + std::to_string(b.sequences) +
+                      " split=" + std::to_string(shape.shape.kv_split) + " break=" + std::to_string(view_break) + "/" +
+                      std::to_string(b.broken);
+  ra::Plan plan;
+  plan_before(plan, ra::Shape::of(ra::PagedCache<E>{kp.pool, vp.pool}, hq), tokens);
+  const bool planned = plan_step(plan, shape, b, threads, where);
+  const bool valid = planned && shape.fits && views_ok && logits.valid;
   bool threw = false;
   try {
-    ra::softmax_batch(qv, cache, batch, out_view, o);
+    ra::attend(plan, cache, qv, ov, logits.logits, mask, lse_ptr);
   } catch (const rope::invalid_argument& e) {
     threw = true;
     ROPE_FUZZ_CHECK(!valid, where + ": " + e.what());
-    ROPE_FUZZ_CHECK(std::string(e.what()).find("rope::attention::softmax_batch: ") == 0, e.what());
-  } catch (const rope::out_of_range& e) {
-    threw = true;
-    ROPE_FUZZ_CHECK(!valid, where + ": " + e.what());
+    ROPE_FUZZ_CHECK(named(e, "rope::attention::attend"), e.what());
+    if (!planned) check_no_plan(e, "rope::attention::attend", where);
   }
-  ROPE_FUZZ_CHECK(same_pool(kp, kd, ks) && same_pool(vp, vd, vs), where + ": the cache written");
-  ROPE_FUZZ_CHECK(std::memcmp(q.data(), q_before.data(), q.size() * sizeof(float)) == 0, where + ": q written");
+  ROPE_FUZZ_CHECK(unchanged(kp, kb) && unchanged(vp, vb), where + ": the cache written");
   if (threw) {
-    ROPE_FUZZ_CHECK(std::memcmp(out.data(), out_before.data(), out.size() * sizeof(float)) == 0,
-                    where + ": out written");
+    ROPE_FUZZ_CHECK(same_bytes(q, q_before), where + ": q written");
+    ROPE_FUZZ_CHECK(same_bytes(out, out_before), where + ": out written");
+    ROPE_FUZZ_CHECK(same_bytes(lse, lse_before), where + ": lse written");
     return;
   }
   ROPE_FUZZ_CHECK(valid, where + ": an invalid call was accepted");
+  ROPE_FUZZ_CHECK(same_bytes(q, q_before), where + ": q written");
+  // Past out's rows and lse's entries nothing is written.
+  const std::size_t out_end = tokens * hq * dv;
+  ROPE_FUZZ_CHECK(
+      std::memcmp(out.data() + out_end, out_before.data() + out_end, (out.size() - out_end) * sizeof(O)) == 0,
+      where + ": past out's rows");
+  const std::size_t lse_end = with_lse ? tokens * hq : 0;
+  ROPE_FUZZ_CHECK(
+      std::memcmp(lse.data() + lse_end, lse_before.data() + lse_end, (lse.size() - lse_end) * sizeof(float)) == 0,
+      where + ": past lse's rows");
 
-  if (o.threads > 1) {
-    std::vector<float> one(out.size(), -9.0f);
-    ra::BatchOptions single = o;
-    single.threads = 1;
-    ra::softmax_batch(qv, cache, batch, rope::View<float>::token_major(one.data(), tokens, hq, dv), single);
-    ROPE_FUZZ_CHECK(std::memcmp(out.data(), one.data(), out.size() * sizeof(float)) == 0,
-                    where + ": not the same bytes with one thread");
+  if (threads.parallel()) {
+    ra::Plan one;
+    ra::plan(one, shape.shape, b.batch, std::size_t{1});
+    std::vector<O> out1(out.size(), from_float<O>(-9.0f));
+    std::vector<float> lse1(lse.size(), -9.0f);
+    ra::attend(one, cache, qv, rope::View<O>::token_major(out1.data(), tokens, hq, dv), logits.logits, mask,
+               with_lse ? lse1.data() : nullptr);
+    ROPE_FUZZ_CHECK(same_bytes(out, out1), where + ": not the same bytes with one thread");
+    if (with_lse) ROPE_FUZZ_CHECK(same_bytes(lse, lse1), where + ": not the same lse with one thread");
+  }
+  // A sequence's rows are the same bytes in any batch: planned alone.
+  if (b.sequences > 0) {
+    const std::size_t s = in.u8() % b.sequences;
+    const std::int64_t n = b.n[s], first = b.start(s);
+    if (n > 0) {
+      const std::int64_t starts[2] = {0, n};
+      ra::Plan alone;
+      ra::plan(alone, shape.shape, ra::Batch{starts, &b.lengths[s], &b.table[s * b.stride], b.stride, 1},
+               threads.threads);
+      const auto count = static_cast<std::size_t>(n);
+      std::vector<O> out1(count * hq * dv + 1, from_float<O>(-9.0f));
+      std::vector<float> lse1(count * hq + 1, -9.0f);
+      ra::attend(alone, cache, qv.slice_tokens(static_cast<std::size_t>(first), count),
+                 rope::View<O>::token_major(out1.data(), count, hq, dv), logits.logits, mask,
+                 with_lse ? lse1.data() : nullptr);
+      ROPE_FUZZ_CHECK(
+          std::memcmp(out1.data(), ov.row(static_cast<std::size_t>(first), 0), count * hq * dv * sizeof(O)) == 0,
+          where + ": sequence " + std::to_string(s) + " planned alone differs");
+      if (with_lse) {
+        ROPE_FUZZ_CHECK(std::memcmp(lse1.data(), lse.data() + static_cast<std::size_t>(first) * hq,
+                                    count * hq * sizeof(float)) == 0,
+                        where + ": sequence " + std::to_string(s) + "'s lse planned alone differs");
+      }
+    }
   }
 
   // The oracle: each row recomputed in long double over the dequantized
-  // cache, from the positions the lengths give.
-  const LD scale = o.scale ? LD(static_cast<float>(*o.scale)) : LD(static_cast<float>(1.0 / std::sqrt(double(d))));
-  for (std::size_t b = 0; b < sequences; ++b) {
-    const std::int32_t* row = block_table.data() + b * stride;
-    for (std::int64_t i = 0; i < n[b]; ++i) {
-      const std::size_t t = static_cast<std::size_t>(q_starts[b] + i);
-      const std::int64_t p = lengths[b] - n[b] + i;
-      for (std::size_t h = 0; h < hq; ++h) {
-        const std::size_t g = h / group;
-        const std::vector<LD> q_raw = head_row(q, t, h, hq, d);
-        const std::vector<LD> q_mag = pair_magnitudes(q_raw, o.rotation.style, rotate ? r : 0);
-        std::vector<LD> qi = q_raw;
-        if (rotate) qi = rotate_ld(qi, table, o.rotation.style, r, p);
-        bool finite = finite_all(qi), nan_score = false;
-        std::vector<bool> nan_value(dv, false);
-        std::vector<LD> scores, bounds;
-        std::vector<std::size_t> keys;
-        LD magnitude = 0;
-        for (std::int64_t j = 0; j < lengths[b]; ++j) {
-          if (o.causal && j > p) continue;
-          if (o.window > 0 && j <= p - static_cast<std::int64_t>(o.window)) continue;
-          const std::size_t slot = static_cast<std::size_t>(row[j / std::int64_t(ps)]) * ps + std::size_t(j) % ps;
-          LD s = 0, m = 0;
-          for (std::size_t c = 0; c < d; ++c) {
-            const LD kc = stored(kp.pool, slot, g, c);
-            finite = finite && std::isfinite(kc);
-            s += qi[c] * kc;
-            m += q_mag[c] * std::fabs(kc);
-          }
-          for (std::size_t c = 0; c < dv; ++c) {
-            const LD vc = stored(vp.pool, slot, g, c);
-            finite = finite && std::isfinite(vc);
-            nan_value[c] = nan_value[c] || std::isnan(vc);
-            magnitude = std::max(magnitude, std::fabs(vc));
-          }
-          nan_score = nan_score || std::isnan(s);
-          s *= scale;
-          if (o.softcap) {
-            const LD cap = static_cast<float>(*o.softcap);
-            s = cap * std::tanh(s / cap);
-          }
-          scores.push_back(s);
-          bounds.push_back(m * scale);
-          keys.push_back(slot);
-        }
-        const float* got = out.data() + (t * hq + h) * dv;
-        const std::string at =
-            where + ": sequence " + std::to_string(b) + " token " + std::to_string(t) + " head " + std::to_string(h);
-        if (keys.empty()) {
-          for (std::size_t c = 0; c < dv; ++c) ROPE_FUZZ_CHECK(got[c] == 0.0f, at + ": a row that sees no key");
-          continue;
-        }
-        if (!finite) {  // only the rows that see a non-finite value are concerned
-          check_nan_row(got, dv, nan_score, nan_value, at);
-          continue;
-        }
-        const float sink = o.sinks.empty() ? -std::numeric_limits<float>::infinity() : static_cast<float>(o.sinks[h]);
-        LD top = *std::max_element(scores.begin(), scores.end());
-        if (std::isfinite(sink)) top = std::max(top, LD(sink));
-        const LD u = unit_roundoff<float>();
-        LD sum = std::isfinite(sink) ? std::exp(LD(sink) - top) : 0;
-        LD max_delta = std::isfinite(sink) ? 8 * u * (std::fabs(LD(sink)) + std::fabs(top) + 1) : 0;
-        std::vector<LD> want(dv, 0);
-        for (std::size_t k = 0; k < keys.size(); ++k) {
-          const LD w = std::exp(scores[k] - top);
-          sum += w;
-          max_delta =
-              std::max(max_delta, u * (LD(d + 8) * bounds[k] + 8 * (std::fabs(scores[k]) + std::fabs(top) + 1)));
-          for (std::size_t c = 0; c < dv; ++c) want[c] += w * stored(vp.pool, keys[k], g, c);
-        }
-        const LD tolerance = softmax_row_bound<float>(max_delta, keys.size(), magnitude);
-        for (std::size_t c = 0; c < dv; ++c) {
-          ROPE_FUZZ_CHECK(std::isfinite(got[c]), at + ": a row of finite inputs is not finite");
-          ROPE_FUZZ_CHECK(std::fabs(LD(got[c]) - want[c] / sum) <= tolerance,
-                          at + ": got " + std::to_string(got[c]) + ", want " + std::to_string(double(want[c] / sum)) +
-                              ", bound " + std::to_string(double(tolerance)));
-        }
-      }
+  // cache, at the positions the lengths give.
+  const LogitsIn<float> li(logits.logits, hq, d);
+  for (std::size_t s = 0; s < b.sequences; ++s) {
+    std::vector<std::size_t> slots(static_cast<std::size_t>(b.n[s] > 0 ? b.lengths[s] : 0));
+    for (std::size_t j = 0; j < slots.size(); ++j) slots[j] = b.slot(s, static_cast<std::int64_t>(j), ps);
+    for (std::int64_t i = 0; i < b.n[s]; ++i) {
+      const auto t = static_cast<std::size_t>(b.start(s) + i);
+      check_attend_token<E, Q, O>(where + " sequence " + std::to_string(s), qv, ov, lse_ptr, t, b.positions[t], slots,
+                                  kp.pool, vp.pool, group, li, mask);
     }
   }
 }
 
-// write_slots of In rows into a paged cache of E: slots of -1 (skip), below
-// -1, outside the pool and written twice; broken views, rows already in the
-// cache (at their own slots: accepted, rotated in place; elsewhere:
-// refused), a broken scales pointer, rotation with positions in and outside
-// the table. A refused call throws and writes nothing; an accepted one writes
-// exactly the named slots, each value within one rounding into E of the
-// long-double rotation of its input, and nothing else.
-template <class E, class In>
-void write_slots_typed(Bytes& in) {
-  constexpr bool scaled = rope::KvElement<E>::kScaled;
-  const std::size_t pages = 1 + in.u8() % 4, ps = 1 + in.u8() % 4, hk = 1 + in.u8() % 2, d = 1 + in.u8() % 8,
-                    dv = 1 + in.u8() % 5;
-  const bool hnd = in.flag();
-  // Read before the long arrays; 0 (what a short input reads) breaks nothing.
-  const std::uint8_t view_break = in.u8() % 16;
-  const std::size_t slot_count = pages * ps, n = in.u8() % 5;
-  std::vector<std::int64_t> slots(std::max<std::size_t>(n, 1), -1);
-  for (std::size_t t = 0; t < n; ++t) {
-    const std::uint8_t kind = in.u8() % 8;
-    slots[t] = kind == 0   ? -1
-               : kind == 1 ? static_cast<std::int64_t>(slot_count + in.u8() % 2)
-               : kind == 2 ? -2 - static_cast<std::int64_t>(in.u8() % 3)
-               : kind == 3 ? (t > 0 ? slots[in.u8() % t] : -1)
-                           : static_cast<std::int64_t>(in.u8() % slot_count);
-  }
-  const bool rotate = in.flag();
-  const std::size_t table_dim = 2 * (1 + in.u8() % 4), table_positions = 1 + in.u8() % 12;
-  const rope::Table<float> table(rope::frequencies(table_dim, 100.0), table_positions);
-  ra::WriteOptions o;
-  std::vector<std::int64_t> positions(std::max<std::size_t>(n, 1), 0);
-  if (rotate) {
-    o.rotation.table = &table;
-    o.rotation.style = in.flag() ? rope::Style::rotate_half : rope::Style::block_diagonal;
-    o.rotation.rotary_dim = in.u8() % 4 == 0 ? in.u8() % 10 : 0;
-    for (std::size_t t = 0; t < n; ++t) {
-      positions[t] = in.u8() % 16 == 0 ? (in.flag() ? -1 : static_cast<std::int64_t>(table_positions))
-                                       : static_cast<std::int64_t>(in.u8() % table_positions);
-    }
-    o.positions = positions.data();
-  }
-  PoolData<E> kp, vp;
-  make_pool(kp, in, pages, ps, hk, d, hnd);
-  make_pool(vp, in, pages, ps, hk, dv, hnd);
-  std::vector<In> k_new((n + 1) * hk * (d + 1)), v_new((n + 1) * hk * dv);
-  for (auto& x : k_new) x = from_float<In>(attention_element<float>(in));
-  for (auto& x : v_new) x = from_float<In>(attention_element<float>(in));
-  rope::View<const In> kv = rope::View<const In>::token_major(k_new.data(), n, hk, d);
-  rope::View<const In> vv = rope::View<const In>::token_major(v_new.data(), n, hk, dv);
-  const std::int64_t* slot_ptr = slots.data();
-  bool valid = true, in_place = false;
-  std::size_t first_slot = 0;
-  if (view_break == 1) {
-    kv.data = nullptr;
-    valid = false;
-  } else if (view_break == 2) {
-    vv.tokens = n + 1;
-    valid = false;
-  } else if (view_break == 3) {
-    kv = rope::View<const In>::token_major(k_new.data(), n, hk, d + 1);
-    valid = false;
-  } else if constexpr (std::is_same<E, In>::value) {
-    if (view_break == 4 && n <= ps) {
-      // Rows of one page as k_new: in place when each token writes its own row.
-      const std::size_t p = in.u8() % pages, offset = in.u8() % (ps - n + 1);
-      first_slot = p * ps + offset;
-      if (in.flag()) {
-        for (std::size_t t = 0; t < n; ++t) slots[t] = static_cast<std::int64_t>(first_slot + t);
-      }
-      kv = rope::View<const In>(kp.pool.page(p).slice_tokens(offset, n));
-      in_place = true;
-      for (std::size_t t = 0; t < n; ++t) valid = valid && slots[t] == static_cast<std::int64_t>(first_slot + t);
-    } else if (view_break == 5 && n > 0 && n <= ps) {
-      kv = rope::View<const In>(vp.pool.page(0).slice_tokens(0, n));  // k_new inside cache.v
-      valid = false;
-    }
-  }
-  if (view_break == 6) {
-    (scaled ? kp.pool.scales : vp.pool.scales) = scaled ? nullptr : vp.scales.data();
-    valid = false;
-  } else if (view_break == 7) {
-    slot_ptr = nullptr;
-    valid = valid && n == 0;
-  } else if (view_break == 8 && rotate) {
-    o.positions = nullptr;  // needed only for tokens to rotate
-    valid = valid && n == 0;
-  }
-  const ra::PagedCache<E> cache{kp.pool, vp.pool};
-  const auto kd = kp.data, vd = vp.data;
-  const auto ks = kp.scales, vs = vp.scales;
-  const auto k_input = k_new, v_input = v_new;
+// ---------------------------------------------------------------------------
+// append.
 
-  // Validity, judged here from the documentation.
-  const std::size_t r = rotate ? (o.rotation.rotary_dim == 0 ? table_dim : o.rotation.rotary_dim) : 0;
-  if (slot_ptr != nullptr) {
-    for (std::size_t t = 0; t < n; ++t) {
-      valid = valid && slots[t] >= -1 && slots[t] < static_cast<std::int64_t>(slot_count);
-      for (std::size_t u = 0; u < t; ++u) valid = valid && (slots[t] < 0 || slots[u] != slots[t]);
-    }
-  }
-  if (rotate) valid = valid && r % 2 == 0 && r <= table_dim && r <= d;
-  bool positions_ok = true;
-  for (std::size_t t = 0; t < n && rotate && o.positions != nullptr; ++t) {
-    positions_ok = positions_ok && positions[t] >= 0 && positions[t] < static_cast<std::int64_t>(table_positions);
-  }
-  const std::string where = "write_slots pages=" + std::to_string(pages) + "x" + std::to_string(ps) +
-                            " heads=" + std::to_string(hk) + " d=" + std::to_string(d) + "/" + std::to_string(dv) +
-                            " n=" + std::to_string(n) + " r=" + std::to_string(r) +
-                            " break=" + std::to_string(view_break);
-  bool threw = false;
-  try {
-    ra::write_slots(kv, vv, slot_ptr, cache, o);
-  } catch (const rope::invalid_argument& e) {
-    threw = true;
-    ROPE_FUZZ_CHECK(!valid, where + ": " + e.what());
-    ROPE_FUZZ_CHECK(std::string(e.what()).find("rope::attention::write_slots: ") == 0, e.what());
-  } catch (const rope::out_of_range& e) {
-    threw = true;
-    ROPE_FUZZ_CHECK(valid && !positions_ok, where + ": " + e.what());
-  }
-  ROPE_FUZZ_CHECK(std::memcmp(v_new.data(), v_input.data(), v_new.size() * sizeof(In)) == 0, where + ": v_new written");
-  if (!in_place) {
-    ROPE_FUZZ_CHECK(std::memcmp(k_new.data(), k_input.data(), k_new.size() * sizeof(In)) == 0,
-                    where + ": k_new written");
-  }
-  if (threw) {
-    ROPE_FUZZ_CHECK(same_pool(kp, kd, ks) && same_pool(vp, vd, vs), where + ": a refused call wrote the cache");
-    return;
-  }
-  ROPE_FUZZ_CHECK(valid && positions_ok, where + ": an invalid call was accepted");
-
-  // Every slot no token names is as it was; a named one holds its token's
-  // row, rotated, rounded once.
-  std::vector<std::int64_t> writer(slot_count, -1);
-  for (std::size_t t = 0; t < n; ++t) {
-    if (slots[t] >= 0) writer[static_cast<std::size_t>(slots[t])] = static_cast<std::int64_t>(t);
-  }
-  // The pools before, to read their rows.
-  std::vector<E> k_old_data = kd, v_old_data = vd;
-  std::vector<float> k_old_scales = ks, v_old_scales = vs;
-  ra::PagePool<E> k_old = kp.pool, v_old = vp.pool;
-  k_old.data = k_old_data.data();
-  v_old.data = v_old_data.data();
-  k_old.scales = scaled ? k_old_scales.data() : nullptr;
-  v_old.scales = scaled ? v_old_scales.data() : nullptr;
-  const auto check_rows = [&](const PoolData<E>& now, const ra::PagePool<E>& old, std::size_t dim, bool is_k) {
-    for (std::size_t s = 0; s < slot_count; ++s) {
-      for (std::size_t h = 0; h < hk; ++h) {
-        const std::string at =
-            where + (is_k ? ": k" : ": v") + " slot " + std::to_string(s) + " head " + std::to_string(h);
-        if (writer[s] < 0) {
-          ROPE_FUZZ_CHECK(std::memcmp(now.pool.row(s, h), old.row(s, h), dim * sizeof(E)) == 0, at + " changed");
-          if (scaled) ROPE_FUZZ_CHECK(std::memcmp(now.pool.scale(s, h), old.scale(s, h), 4) == 0, at + " scale");
-          continue;
-        }
-        const auto t = static_cast<std::size_t>(writer[s]);
-        std::vector<LD> x(dim);
-        for (std::size_t c = 0; c < dim; ++c) {
-          x[c] = in_place && is_k ? LD(rope::detail::widen_value(old.row(first_slot + t, h)[c]))
-                                  : LD(rope::detail::widen_value(is_k ? kv.row(t, h)[c] : vv.row(t, h)[c]));
-        }
-        if (is_k && rotate) x = rotate_ld(x, table, o.rotation.style, r, positions[t]);
-        if (!finite_all(x)) {
-          if (scaled) {
-            ROPE_FUZZ_CHECK(std::isnan(*now.pool.scale(s, h)), at + ": a non-finite row's scale is not NaN");
-            for (std::size_t c = 0; c < dim; ++c)
-              ROPE_FUZZ_CHECK(rope::detail::widen_value(now.pool.row(s, h)[c]) == 0.0f, at + ": not 0");
-          }
-          continue;
-        }
-        LD top = 0;
-        for (LD v : x) top = std::max(top, std::fabs(v));
-        const LD slack = 1e-6L * (1 + top);
-        if (scaled) {
-          ROPE_FUZZ_CHECK(std::fabs(LD(*now.pool.scale(s, h)) - top / 127) <= slack, at + ": the scale");
-        }
-        for (std::size_t c = 0; c < dim; ++c) {
-          const LD got = stored(now.pool, s, h, c), ax = std::fabs(x[c]);
-          const LD bound = std::is_same<E, float>::value            ? slack
-                           : std::is_same<E, rope::BFloat16>::value ? ax / 256 + slack
-                           : std::is_same<E, rope::Float16>::value  ? ax / 1024 + std::ldexp(1.0L, -24) + slack
-                                                                    : top / 254 * (1 + 1e-5L) + slack;
-          ROPE_FUZZ_CHECK(std::fabs(got - x[c]) <= bound, at + " channel " + std::to_string(c) + ": got " +
-                                                              std::to_string(double(got)) + ", want " +
-                                                              std::to_string(double(x[c])));
-        }
-      }
-    }
-  };
-  check_rows(kp, k_old, d, true);
-  check_rows(vp, v_old, dv, false);
-}
-
-template <class E>
-void write_slots_any(Bytes& in) {
-  if (in.flag()) {
-    write_slots_typed<E, float>(in);
-  } else {
-    write_slots_typed<E, rope::BFloat16>(in);
-  }
-}
-
-// RMSNorm in float, in the order append.hpp documents: eight fused sums
-// (channel c into sum c % 8), added pairwise as written there, then
+// RMSNorm in float, in the order pre_attention.hpp documents: eight fused
+// sums (channel c into sum c % 8), added pairwise as written there, then
 // r = 1 / sqrt(ss / n + eps) and y = (x r) w (or (x r)(1 + w)).
 std::vector<float> rms_norm_float(std::vector<float> x, const float* w, float eps, bool plus_one) {
   float s[8] = {};
@@ -1055,230 +1405,358 @@ std::vector<float> rms_norm_float(std::vector<float> x, const float* w, float ep
   return x;
 }
 
-// |got - want| within one rounding of a value of type E (int8: of its
-// vector's scale), want the long-double value, top the largest |want| of its
-// row.
-template <class E>
-bool within_one_rounding(LD got, LD want, LD top) {
-  const LD slack = 1e-6L * (1 + top), ax = std::fabs(want);
-  const LD bound = std::is_same<E, float>::value            ? slack
-                   : std::is_same<E, rope::BFloat16>::value ? ax / 256 + slack
-                   : std::is_same<E, rope::Float16>::value  ? ax / 1024 + std::ldexp(1.0L, -24) + slack
-                                                            : top / 254 * (1 + 1e-5L) + slack;
-  return std::fabs(got - want) <= bound;
+// A token's rows of a view, widened to float, read before the call.
+template <class In>
+std::vector<std::vector<float>> token_rows(const rope::View<In>& x) {
+  std::vector<std::vector<float>> rows(x.tokens * x.heads);
+  for (std::size_t t = 0; t < x.tokens; ++t) {
+    for (std::size_t h = 0; h < x.heads; ++h) {
+      for (std::size_t c = 0; c < x.head_dim; ++c) {
+        rows[t * x.heads + h].push_back(rope::detail::widen_value(x.row(t, h)[c]));
+      }
+    }
+  }
+  return rows;
 }
 
-// norm_rope_append of In rows (float or bfloat16) into a paged cache of E,
-// q_out float (apart, or q itself for float rows): per-head, whole-projection
-// or no norm on either side, plus_one, eps valid or not (0, NaN, negative,
-// infinite, below float's least subnormal), slots of -1, below -1, outside
-// the pool and twice, positions from an offset or ids (some outside the
-// table), write_back_k, and broken views, weights and scales. A refused call
-// throws the function's exception and writes nothing; an accepted one writes
-// q_out, the named slots (and k with write_back_k), each value within one
-// rounding of the long-double rotation of the float RMSNorm (the documented
-// order, replicated) of its input, and nothing else.
-template <class E, class In>
-void append_typed(Bytes& in) {
+// A view of the same layout at the same offset in another buffer.
+template <class T, class U>
+rope::View<T> rebased(const rope::View<T>& v, const U* from, U* to) {
+  rope::View<T> r = v;
+  r.data = reinterpret_cast<T*>(reinterpret_cast<char*>(to) +
+                                (reinterpret_cast<const char*>(v.data) - reinterpret_cast<const char*>(from)));
+  return r;
+}
+
+// append over a paged cache of E from rows of In (float or bf16), with Q
+// (q_out of QO) or in its K/V form: a drawn step (as attend_typed's), per-
+// head, whole-projection or no QK-norm on either side, plus_one, eps valid
+// or not (0, NaN, negative, infinite, 1e300 and 1e-60: not finite or 0 in
+// float), RoPE (either pairing, a partial or invalid rotary_dim, a table
+// without its pairing, positions past the table) or multi-axis positions
+// (pair axes valid or not, positions in and outside the table),
+// write_back_k, threads or an executor, and broken views: k or v of the
+// wrong shape, k already in its own slots (accepted) or elsewhere in the
+// cache, k inside cache.v, v over k, q or q_out over the cache, q_out over
+// k or shifted over q, broken norm weights and scales, a read-only k to
+// write back, a new token into a page another sequence reads. A refused
+// call throws the documented exception and writes nothing; an accepted one
+// writes q_out, the slots of the plan's tokens (and k with write_back_k),
+// each value within one rounding of the long-double rotation of the float
+// RMSNorm (the documented order, replicated) of its input, the same bytes
+// with one thread, and nothing else.
+template <class E, class In, class QO>
+void append_typed(Bytes& in, bool with_q) {
   constexpr bool scaled = rope::KvElement<E>::kScaled;
-  constexpr bool float_rows = std::is_same<In, float>::value;
+  constexpr bool same_rows_type = std::is_same<In, QO>::value;
   const std::size_t pages = 1 + in.u8() % 4, ps = 1 + in.u8() % 4, hk = 1 + in.u8() % 2, group = 1 + in.u8() % 3,
                     d = 1 + in.u8() % 8, dv = 1 + in.u8() % 5;
   const std::size_t hq = hk * group;
-  const bool hnd = in.flag();
+  const std::uint8_t layout = in.u8();
   // Read before the long arrays; 0 (what a short input reads) breaks nothing.
   const std::uint8_t view_break = in.u8() % 16;
-  const std::size_t slot_count = pages * ps, n = in.u8() % 5;
-  std::vector<std::int64_t> slots(std::max<std::size_t>(n, 1), -1);
-  for (std::size_t t = 0; t < n; ++t) {
-    const std::uint8_t kind = in.u8() % 8;
-    slots[t] = kind == 0   ? -1
-               : kind == 1 ? static_cast<std::int64_t>(slot_count + in.u8() % 2)
-               : kind == 2 ? -2 - static_cast<std::int64_t>(in.u8() % 3)
-               : kind == 3 ? (t > 0 ? slots[in.u8() % t] : -1)
-                           : static_cast<std::int64_t>(in.u8() % slot_count);
-  }
+  DrawnBatch b;
+  draw_batch(b, in, pages, ps);
+  const std::size_t tokens = b.tokens;
   // The norm: 0 none, 1 per head, 2 over the whole projection.
   const std::uint8_t norm_mode = in.u8() % 3, sides = in.u8() % 4;  // sides 1: Q only, 2: K only, else both
   ra::AppendOptions o;
   o.whole_projection = norm_mode == 2;
   o.plus_one = in.flag();
   o.write_back_k = in.flag();
-  o.threads = 1 + in.u8() % 3;
-  const double eps_values[] = {1e-6, 1e-5, 1e-3, 0.0, std::nan(""), -1e-6, HUGE_VAL, 1e-60};
-  o.eps = eps_values[in.u8() % 8];
-  const bool q_in_place = float_rows && in.flag();
+  const DrawnThreads threads = draw_threads(in);
+  const double eps_values[] = {1e-6, 1e-5, 1e-3, 0.0, std::nan(""), -1e-6, HUGE_VAL, 1e-60, 1e300};
+  o.eps = eps_values[in.u8() % 9];
+  const bool q_in_place = with_q && same_rows_type && in.flag();
   const std::size_t q_size = o.whole_projection ? hq * d : d, k_size = o.whole_projection ? hk * d : d;
   std::vector<float> q_weight(q_size + 1), k_weight(k_size + 1);
   for (auto& w : q_weight) w = static_cast<float>((static_cast<int>(in.u8()) - 127) / 64.0);
   for (auto& w : k_weight) w = static_cast<float>((static_cast<int>(in.u8()) - 127) / 64.0);
   if (norm_mode != 0) {
-    if (sides != 2) o.q_norm = {q_weight.data(), q_size};
+    if (with_q && sides != 2) o.q_norm = {q_weight.data(), q_size};
     if (sides != 1) o.k_norm = {k_weight.data(), k_size};
   }
   const bool rotate = in.flag();
   const std::size_t table_dim = 2 * (1 + in.u8() % 4), table_positions = 1 + in.u8() % 12;
   const rope::Table<float> table(rope::frequencies(table_dim, 100.0), table_positions);
+  rope::Style style = rope::Style::rotate_half;
+  std::size_t asked = 0;
   if (rotate) {
-    o.rotation.table = &table;
-    o.rotation.style = in.flag() ? rope::Style::rotate_half : rope::Style::block_diagonal;
-    o.rotation.rotary_dim = in.u8() % 4 == 0 ? in.u8() % 10 : 0;
+    style = in.flag() ? rope::Style::rotate_half : rope::Style::block_diagonal;
+    asked = in.u8() % 4 == 0 ? in.u8() % 10 : 0;
+    o.rotation = ra::Rotation<float>(&table, style, asked);
   }
-  const bool by_id = in.flag();
-  std::vector<std::int64_t> ids(std::max<std::size_t>(n, 1), 0);
-  const auto position = [&]() {
-    return in.u8() % 16 == 0 ? (in.flag() ? std::int64_t(-1) : static_cast<std::int64_t>(table_positions))
-                             : static_cast<std::int64_t>(in.u8() % table_positions);
-  };
-  std::int64_t offset = 0;
-  if (by_id) {
-    for (std::size_t t = 0; t < n; ++t) ids[t] = position();
-  } else {
-    offset = position();
+  const std::size_t r = rotate ? (asked == 0 ? table_dim : asked) : 0;
+  // Multi-axis positions: pair p of token t at axis_positions[axis[p] * tokens + t].
+  const std::uint8_t axes_mode = rotate ? in.u8() % 8 : 0;
+  const bool multi = axes_mode == 1 || axes_mode == 2;
+  rope::PairAxes pair_axes;
+  if (multi) {
+    pair_axes.axes = 1 + in.u8() % 3;
+    pair_axes.axis.resize(r / 2);
+    for (auto& a : pair_axes.axis) a = static_cast<std::uint8_t>(in.u8() % pair_axes.axes);
+    if (axes_mode == 2) {
+      const std::uint8_t kind = in.u8() % 3;
+      if (kind == 0) {
+        pair_axes.axes = 0;
+      } else if (kind == 1 || pair_axes.axis.empty()) {
+        pair_axes.axis.push_back(0);
+      } else {
+        pair_axes.axis[in.u8() % pair_axes.axis.size()] = static_cast<std::uint8_t>(pair_axes.axes);
+      }
+    }
   }
-  const auto pos = [&](std::size_t t) { return by_id ? ids[t] : offset + static_cast<std::int64_t>(t); };
+  Exact<std::int64_t> axis_positions(multi ? pair_axes.axes * tokens : 0);
+  for (std::size_t i = 0; i < axis_positions.n; ++i) {
+    axis_positions[i] = in.u8() % 16 == 0 ? (in.flag() ? std::int64_t(-1) : static_cast<std::int64_t>(table_positions))
+                                          : static_cast<std::int64_t>(in.u8() % table_positions);
+  }
+  if (multi) {
+    o.pair_axes = &pair_axes;
+    // Null only where there are tokens: with none, append.hpp means to
+    // accept a null array but refuses it (reported with this target).
+    o.axis_positions = tokens > 0 && in.u8() % 16 == 0 ? nullptr : axis_positions.data();
+  }
 
   PoolData<E> kp, vp;
-  make_pool(kp, in, pages, ps, hk, d, hnd);
-  make_pool(vp, in, pages, ps, hk, dv, hnd);
+  make_pool(kp, in, pages, ps, hk, d, layout);
+  make_pool(vp, in, pages, ps, hk, dv, layout);
+  const ra::Shape of = ra::Shape::of(ra::PagedCache<E>{kp.pool, vp.pool}, hq);
+  const DrawnShape shape = draw_shape(in, of);
   // k's buffer is large enough for q_out over it and for rows of d + 1.
-  std::vector<In> q((n + 1) * hq * d), k((n + 1) * hq * (d + 1)), v((n + 1) * hk * dv);
-  for (auto& x : q) x = from_float<In>(attention_element<float>(in));
-  for (auto& x : k) x = from_float<In>(attention_element<float>(in));
-  for (auto& x : v) x = from_float<In>(attention_element<float>(in));
-  std::vector<float> q_out_data((n + 1) * hq * d, -9.0f);
+  std::vector<In> q = rows_of<In>(in, (tokens + 1) * hq * d), k = rows_of<In>(in, (tokens + 1) * hq * (d + 1)),
+                  v = rows_of<In>(in, (tokens + 1) * hk * dv);
+  std::vector<QO> q_out((tokens + 1) * hq * d, from_float<QO>(-9.0f));
 
-  rope::View<In> qv = rope::View<In>::token_major(q.data(), n, hq, d);
-  rope::View<In> kv = rope::View<In>::token_major(k.data(), n, hk, d);
-  rope::View<In> vv = rope::View<In>::token_major(v.data(), n, hk, dv);
-  rope::View<float> ov = rope::View<float>::token_major(q_out_data.data(), n, hq, d);
-  if constexpr (float_rows) {
-    if (q_in_place) ov = rope::View<float>::token_major(q.data(), n, hq, d);
+  std::string where =
+      std::string(with_q ? "append" : "append k/v") + " pages=" + std::to_string(pages) + "x" + std::to_string(ps) +
+      " heads=" + std::to_string(hq) + "/" + std::to_string(hk) + " d=" + std::to_string(d) + "/" + std::to_string(dv) +
+      " tokens=" + std::to_string(tokens) + " r=" + std::to_string(r) + " norm=" + std::to_string(norm_mode) + "/" +
+      std::to_string(sides) + " in_place=" + std::to_string(q_in_place) + " back=" + std::to_string(o.write_back_k) +
+      " break=" + std::to_string(view_break) + "/" + std::to_string(b.broken) + " axes=" + std::to_string(axes_mode);
+  ra::Plan plan;
+  plan_before(plan, of, tokens);
+  const bool planned = plan_step(plan, shape, b, threads, where);
+
+  rope::View<In> qv = rope::View<In>::token_major(q.data(), tokens, hq, d);
+  rope::View<In> kv = rope::View<In>::token_major(k.data(), tokens, hk, d);
+  rope::View<In> vv = rope::View<In>::token_major(v.data(), tokens, hk, dv);
+  rope::View<QO> ov = rope::View<QO>::token_major(q_out.data(), tokens, hq, d);
+  if constexpr (same_rows_type) {
+    if (q_in_place) ov = rope::View<QO>::token_major(q.data(), tokens, hq, d);
   }
-  const std::int64_t* slot_ptr = slots.data();
-  bool valid = true, read_only = false;
+  bool valid = true, read_only = false, k_in_place = false, styled = true;
   switch (view_break) {
     case 1:
-      ov.data = nullptr;
+      kv.data = nullptr;
       valid = false;
       break;
     case 2:
-      ov.tokens = n + 1;
+      vv.tokens = tokens + 1;
       valid = false;
       break;
     case 3:
-      kv = rope::View<In>::token_major(k.data(), n, hk, d + 1);
+      kv = rope::View<In>::token_major(k.data(), tokens, hk, d + 1);
       valid = false;
       break;
     case 4:
-      if (o.q_norm.data != nullptr) {
+    case 5:
+      // k as rows of the cache's pages: accepted only where each row is the
+      // row of its own slot (the projection wrote into the cache).
+      if constexpr (std::is_same<E, In>::value) {
+        if (planned && shape.fits && tokens > 0) {
+          const auto first = static_cast<std::size_t>(b.slots[0]);
+          const std::size_t page = view_break == 4 ? first / ps : in.u8() % pages;
+          const std::size_t offset = view_break == 4 ? first % ps : in.u8() % ps;
+          if (offset + tokens <= ps) {
+            kv = kp.pool.page(page).slice_tokens(offset, tokens);
+            k_in_place = true;
+            for (std::size_t t = 0; t < tokens; ++t) {
+              for (std::size_t h = 0; h < hk; ++h) {
+                k_in_place = k_in_place && kv.row(t, h) == kp.pool.row(static_cast<std::size_t>(b.slots[t]), h);
+              }
+            }
+            valid = k_in_place;
+          }
+        }
+      }
+      break;
+    case 6:
+      if (tokens > 0 && tokens * hk * d * sizeof(In) <= vp.data.size() * sizeof(E)) {
+        kv = rope::View<In>::token_major(reinterpret_cast<In*>(vp.data.data()), tokens, hk, d);  // k inside cache.v
+        valid = false;
+      }
+      break;
+    case 7:
+      (scaled ? kp.pool.scales : vp.pool.scales) = scaled ? nullptr : vp.scales.data();
+      valid = false;
+      break;
+    case 8:
+      if (!with_q) {
+        o.q_norm = {q_weight.data(), d};  // the K/V form writes no Q
+        valid = false;
+      } else if (o.q_norm.data != nullptr) {
         o.q_norm.size += 1;
         valid = false;
       }
       break;
-    case 5:
+    case 9:
       o.k_norm = {nullptr, std::max<std::size_t>(o.k_norm.size, 1)};
       valid = false;
       break;
-    case 6:
-      (scaled ? kp.pool.scales : vp.pool.scales) = scaled ? nullptr : vp.scales.data();
-      valid = false;
-      break;
-    case 7:
-      slot_ptr = nullptr;
-      valid = n == 0;
-      break;
-    case 8:
+    case 10:
       read_only = true;
       o.write_back_k = true;
       valid = false;
       break;
-    case 9:
-      if constexpr (std::is_same<E, In>::value) {
-        if (n > 0 && n <= ps) {
-          kv = vp.pool.page(0).slice_tokens(0, n);  // k inside cache.v
+    case 11:
+      if (with_q) {
+        if constexpr (same_rows_type) {
+          if (tokens > 0 && !q_in_place) {
+            ov = rope::View<QO>::token_major(k.data(), tokens, hq, d);  // q_out over k
+            valid = false;
+          }
+        }
+      } else if (tokens > 0 && tokens * hk * dv <= k.size()) {
+        vv = rope::View<In>::token_major(k.data(), tokens, hk, dv);  // v over k: both only read
+        valid = valid && !o.write_back_k;
+      }
+      break;
+    case 12:
+      if constexpr (same_rows_type) {
+        if (with_q && !q_in_place && tokens * hq * d > 1) {
+          ov = rope::View<QO>::token_major(q.data() + 1, tokens, hq, d);  // over q, shifted
           valid = false;
         }
       }
       break;
-    case 10:
-      if constexpr (float_rows) {
-        if (n > 0 && !q_in_place) {
-          ov = rope::View<float>::token_major(k.data(), n, hq, d);  // q_out over k
-          valid = false;
-        }
+    case 13:
+      if (rotate) {
+        o.rotation = ra::Rotation<float>();  // a table set by hand, without its pairing
+        o.rotation.table = &table;
+        o.rotation.rotary_dim = asked;
+        styled = false;
+        valid = false;
+      }
+      break;
+    case 14:
+      if (with_q && tokens > 0 && tokens * hq * d * sizeof(In) <= kp.data.size() * sizeof(E)) {
+        qv = rope::View<In>::token_major(reinterpret_cast<In*>(kp.data.data()), tokens, hq, d);  // q over cache.k
+        valid = false;
+      }
+      break;
+    case 15:
+      if (with_q && tokens > 0 && tokens * hq * d * sizeof(QO) <= vp.data.size() * sizeof(E)) {
+        ov = rope::View<QO>::token_major(reinterpret_cast<QO*>(vp.data.data()), tokens, hq, d);  // q_out over cache.v
+        valid = false;
       }
       break;
     default: break;
   }
   const ra::PagedCache<E> cache{kp.pool, vp.pool};
-  const auto kd = kp.data, vd = vp.data;
-  const auto ks = kp.scales, vs = vp.scales;
+  const PoolBefore<E> kb = before(kp), vb = before(vp);
   const auto q_input = q, k_input = k, v_input = v;
-  const auto out_before = q_out_data;
+  const auto out_before = q_out;
 
-  // Validity, judged here from the documentation.
-  const std::size_t r = rotate ? (o.rotation.rotary_dim == 0 ? table_dim : o.rotation.rotary_dim) : 0;
-  if (slot_ptr != nullptr) {
-    for (std::size_t t = 0; t < n; ++t) {
-      valid = valid && slots[t] >= -1 && slots[t] < static_cast<std::int64_t>(slot_count);
-      for (std::size_t u = 0; u < t; ++u) valid = valid && (slots[t] < 0 || slots[u] != slots[t]);
+  // Validity, judged here from append.hpp.
+  if (o.q_norm.data != nullptr || o.k_norm.data != nullptr) {
+    valid = valid && o.eps > 0 && std::isfinite(o.eps) && std::isfinite(static_cast<float>(o.eps)) &&
+            static_cast<float>(o.eps) > 0;
+  }
+  if (rotate && styled) valid = valid && r % 2 == 0 && r <= table_dim && r <= d;
+  bool in_table = true;
+  if (rotate && styled && !multi) {
+    for (std::int64_t p : b.positions) valid = valid && p < static_cast<std::int64_t>(table_positions);
+  }
+  if (rotate && styled && multi) {
+    valid = valid && pair_axes.axes >= 1 && pair_axes.axes <= 256 && pair_axes.axis.size() == r / 2;
+    for (std::uint8_t a : pair_axes.axis) valid = valid && a < pair_axes.axes;
+    valid = valid && (o.axis_positions != nullptr || tokens == 0);
+    for (std::size_t i = 0; i < axis_positions.n && o.axis_positions != nullptr; ++i) {
+      in_table = in_table && axis_positions[i] >= 0 && axis_positions[i] < static_cast<std::int64_t>(table_positions);
     }
   }
-  if (o.q_norm.data != nullptr || o.k_norm.data != nullptr) {
-    valid = valid && o.eps > 0 && std::isfinite(o.eps) && static_cast<float>(o.eps) > 0;
+  const bool args_ok = planned && shape.fits && !b.shared_write && valid;
+  // The rows as they were (k may be the cache's own rows).
+  std::vector<std::vector<float>> q_rows, k_rows, v_rows;
+  if (args_ok) {
+    if (with_q) q_rows = token_rows(qv);
+    k_rows = token_rows(kv);
+    v_rows = token_rows(vv);
   }
-  if (rotate) valid = valid && r % 2 == 0 && r <= table_dim && r <= d;
-  bool positions_ok = true;
-  for (std::size_t t = 0; t < n && rotate; ++t) {
-    positions_ok = positions_ok && pos(t) >= 0 && pos(t) < static_cast<std::int64_t>(table_positions);
-  }
-  const std::string where = "norm_rope_append pages=" + std::to_string(pages) + "x" + std::to_string(ps) +
-                            " heads=" + std::to_string(hq) + "/" + std::to_string(hk) + " d=" + std::to_string(d) +
-                            "/" + std::to_string(dv) + " n=" + std::to_string(n) + " r=" + std::to_string(r) +
-                            " norm=" + std::to_string(norm_mode) + "/" + std::to_string(sides) +
-                            " in_place=" + std::to_string(q_in_place) + " back=" + std::to_string(o.write_back_k) +
-                            " break=" + std::to_string(view_break);
+
   bool threw = false;
-  const auto text_ok = [](const char* what) {
-    return std::string(what).find("rope::attention::norm_rope_append: ") == 0;
-  };
   try {
-    if (read_only) {
-      ra::norm_rope_append(rope::View<const In>(qv), rope::View<const In>(kv), rope::View<const In>(vv),
-                           by_id ? rope::Positions(ids.data()) : rope::Positions(offset), slot_ptr, cache, ov, o);
+    if (with_q) {
+      if (read_only) {
+        ra::append(plan, cache, rope::View<const In>(qv), rope::View<const In>(kv), rope::View<const In>(vv), ov, o);
+      } else {
+        ra::append(plan, cache, qv, kv, vv, ov, o);
+      }
     } else {
-      ra::norm_rope_append(qv, kv, vv, by_id ? rope::Positions(ids.data()) : rope::Positions(offset), slot_ptr, cache,
-                           ov, o);
+      if (read_only) {
+        ra::append(plan, cache, rope::View<const In>(kv), rope::View<const In>(vv), o);
+      } else {
+        ra::append(plan, cache, kv, vv, o);
+      }
     }
   } catch (const rope::invalid_argument& e) {
     threw = true;
-    ROPE_FUZZ_CHECK(!valid, where + ": " + e.what());
-    ROPE_FUZZ_CHECK(text_ok(e.what()), e.what());
+    ROPE_FUZZ_CHECK(!args_ok, where + ": " + e.what());
+    ROPE_FUZZ_CHECK(named(e, "rope::attention::append"), e.what());
+    if (!planned) check_no_plan(e, "rope::attention::append", where);
   } catch (const rope::out_of_range& e) {
     threw = true;
-    ROPE_FUZZ_CHECK(valid && !positions_ok, where + ": " + e.what());
-    ROPE_FUZZ_CHECK(text_ok(e.what()), e.what());
+    ROPE_FUZZ_CHECK(args_ok && !in_table, where + ": " + e.what());
+    ROPE_FUZZ_CHECK(named(e, "rope::attention::append"), e.what());
   }
-  ROPE_FUZZ_CHECK(std::memcmp(v.data(), v_input.data(), v.size() * sizeof(In)) == 0, where + ": v written");
+  ROPE_FUZZ_CHECK(same_bytes(v, v_input), where + ": v written");
   if (threw) {
-    ROPE_FUZZ_CHECK(std::memcmp(q.data(), q_input.data(), q.size() * sizeof(In)) == 0, where + ": q written");
-    ROPE_FUZZ_CHECK(std::memcmp(k.data(), k_input.data(), k.size() * sizeof(In)) == 0, where + ": k written");
-    ROPE_FUZZ_CHECK(std::memcmp(q_out_data.data(), out_before.data(), q_out_data.size() * sizeof(float)) == 0,
-                    where + ": q_out written");
-    ROPE_FUZZ_CHECK(same_pool(kp, kd, ks) && same_pool(vp, vd, vs), where + ": a refused call wrote the cache");
+    ROPE_FUZZ_CHECK(same_bytes(q, q_input), where + ": q written");
+    ROPE_FUZZ_CHECK(same_bytes(k, k_input), where + ": k written");
+    ROPE_FUZZ_CHECK(same_bytes(q_out, out_before), where + ": q_out written");
+    ROPE_FUZZ_CHECK(unchanged(kp, kb) && unchanged(vp, vb), where + ": a refused call wrote the cache");
     return;
   }
-  ROPE_FUZZ_CHECK(valid && positions_ok, where + ": an invalid call was accepted");
+  ROPE_FUZZ_CHECK(args_ok && in_table, where + ": an invalid call was accepted");
+
+  // The same step with one thread: the same bytes everywhere.
+  if (threads.parallel() && view_break == 0 && !q_in_place) {
+    ra::Plan one;
+    ra::plan(one, shape.shape, b.batch, std::size_t{1});
+    PoolData<E> k1 = kp, v1 = vp;
+    k1.data = kb.data;
+    k1.scales = kb.scales;
+    v1.data = vb.data;
+    v1.scales = vb.scales;
+    k1.pool.data = k1.data.data();
+    v1.pool.data = v1.data.data();
+    if (scaled) {
+      k1.pool.scales = k1.scales.data();
+      v1.pool.scales = v1.scales.data();
+    }
+    auto k_copy = k_input;
+    auto out_copy = out_before;
+    const rope::View<In> k1v = rebased(kv, k.data(), k_copy.data());
+    if (with_q) {
+      ra::append(one, ra::PagedCache<E>{k1.pool, v1.pool}, qv, k1v, vv, rebased(ov, q_out.data(), out_copy.data()), o);
+    } else {
+      ra::append(one, ra::PagedCache<E>{k1.pool, v1.pool}, k1v, vv, o);
+    }
+    ROPE_FUZZ_CHECK(same_bytes(k1.data, kp.data) && same_bytes(k1.scales, kp.scales) && same_bytes(v1.data, vp.data) &&
+                        same_bytes(v1.scales, vp.scales) && same_bytes(k_copy, k) && same_bytes(out_copy, q_out),
+                    where + ": not the same bytes with one thread");
+  }
 
   // The oracle: each token's heads of one side widened, normalized in float
-  // as documented, rotated in long double from the table's own cos/sin.
+  // as documented, rotated in long double from the table's own cos/sin at
+  // the plan's position (or each pair at its axis' position).
   const float eps = static_cast<float>(o.eps);
-  const auto oracle = [&](const std::vector<In>& data, std::size_t t, std::size_t heads, const ra::NormWeights& w) {
+  const auto oracle = [&](const std::vector<std::vector<float>>& rows, std::size_t t, std::size_t heads,
+                          const ra::NormWeights& w) {
     std::vector<float> x(heads * d);
-    for (std::size_t h = 0; h < heads; ++h) {
-      for (std::size_t c = 0; c < d; ++c) x[h * d + c] = rope::detail::widen_value(data[(t * heads + h) * d + c]);
-    }
+    for (std::size_t h = 0; h < heads; ++h)
+      std::copy(rows[t * heads + h].begin(), rows[t * heads + h].end(), &x[h * d]);
     if (w.data != nullptr) {
       if (o.whole_projection) {
         x = rms_norm_float(x, w.data, eps, o.plus_one);
@@ -1290,119 +1768,622 @@ void append_typed(Bytes& in) {
         }
       }
     }
-    std::vector<std::vector<LD>> rows(heads);
+    std::vector<std::vector<LD>> out(heads);
     for (std::size_t h = 0; h < heads; ++h) {
-      rows[h].assign(x.begin() + h * d, x.begin() + (h + 1) * d);
-      if (rotate) rows[h] = rotate_ld(rows[h], table, o.rotation.style, r, pos(t));
+      out[h].assign(x.begin() + h * d, x.begin() + (h + 1) * d);
+      if (!rotate) continue;
+      if (multi) {
+        out[h] = rotate_pairs(out[h], table, style, r,
+                              [&](std::size_t p) { return axis_positions[pair_axes.axis[p] * tokens + t]; });
+      } else {
+        out[h] = rotate_ld(out[h], table, style, r, b.positions[t]);
+      }
     }
-    return rows;
+    return out;
   };
-  const auto top_of = [](const std::vector<LD>& x) {
-    LD top = 0;
-    for (LD a : x) top = std::max(top, std::fabs(a));
-    return top;
-  };
-  // A row of In or float values against the oracle's: each finite value
-  // within one rounding.
-  const auto check_row = [&](const auto* got, const std::vector<LD>& want, const auto* type, const std::string& at) {
-    using T = std::remove_const_t<std::remove_pointer_t<decltype(type)>>;
-    const LD top = finite_all(want) ? top_of(want) : 0;
+  // A row of In or QO values against the oracle's: each finite value within
+  // one rounding.
+  const auto check_values = [&](const auto* got, const std::vector<LD>& want, const std::string& at) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(got)>>;
+    if (!finite_all(want)) return;
+    const LD top = top_of(want);
     for (std::size_t c = 0; c < want.size(); ++c) {
-      if (!std::isfinite(want[c]) || !finite_all(want)) continue;
       const LD g = rope::detail::widen_value(got[c]);
       ROPE_FUZZ_CHECK(within_one_rounding<T>(g, want[c], top), at + " channel " + std::to_string(c) + ": got " +
                                                                    std::to_string(double(g)) + ", want " +
                                                                    std::to_string(double(want[c])));
     }
   };
-  std::vector<std::vector<std::vector<LD>>> k_want(n);
-  for (std::size_t t = 0; t < n; ++t) {
-    const auto q_want = oracle(q_input, t, hq, o.q_norm);
-    for (std::size_t h = 0; h < hq; ++h) {
-      check_row(ov.row(t, h), q_want[h], static_cast<const float*>(nullptr),
-                where + ": q_out token " + std::to_string(t) + " head " + std::to_string(h));
+  std::vector<std::vector<std::vector<LD>>> k_want(tokens);
+  for (std::size_t t = 0; t < tokens; ++t) {
+    if (with_q) {
+      const auto q_want = oracle(q_rows, t, hq, o.q_norm);
+      for (std::size_t h = 0; h < hq; ++h) {
+        check_values(static_cast<const QO*>(ov.row(t, h)), q_want[h],
+                     where + ": q_out token " + std::to_string(t) + " head " + std::to_string(h));
+      }
     }
-    k_want[t] = oracle(k_input, t, hk, o.k_norm);
-    for (std::size_t h = 0; h < hk && o.write_back_k; ++h) {
-      check_row(k.data() + (t * hk + h) * d, k_want[t][h], static_cast<const In*>(nullptr),
-                where + ": k written back, token " + std::to_string(t) + " head " + std::to_string(h));
+    k_want[t] = oracle(k_rows, t, hk, o.k_norm);
+    for (std::size_t h = 0; h < hk && o.write_back_k && !k_in_place; ++h) {
+      check_values(static_cast<const In*>(kv.row(t, h)), k_want[t][h],
+                   where + ": k written back, token " + std::to_string(t) + " head " + std::to_string(h));
     }
   }
-  if (!o.write_back_k) {
-    ROPE_FUZZ_CHECK(std::memcmp(k.data(), k_input.data(), k.size() * sizeof(In)) == 0, where + ": k written");
+  if (!o.write_back_k || k_in_place) {
+    ROPE_FUZZ_CHECK(same_bytes(k, k_input), where + ": k written");
+  } else {  // only k's rows: with them put back, k is as it was
+    auto k_rest = k;
+    for (std::size_t t = 0; t < tokens; ++t) {
+      for (std::size_t h = 0; h < hk; ++h) {
+        const auto at = static_cast<std::ptrdiff_t>(kv.row(t, h) - k.data());
+        std::copy(k_input.begin() + at, k_input.begin() + at + static_cast<std::ptrdiff_t>(d), k_rest.begin() + at);
+      }
+    }
+    ROPE_FUZZ_CHECK(same_bytes(k_rest, k_input), where + ": k written outside its rows");
   }
   if (!q_in_place) {
-    ROPE_FUZZ_CHECK(std::memcmp(q.data(), q_input.data(), q.size() * sizeof(In)) == 0, where + ": q written");
-  }
-  // Past q_out's rows nothing is written.
-  const std::size_t out_end = n * hq * d;
-  if (!q_in_place) {
-    ROPE_FUZZ_CHECK(std::memcmp(q_out_data.data() + out_end, out_before.data() + out_end,
-                                (q_out_data.size() - out_end) * sizeof(float)) == 0,
+    ROPE_FUZZ_CHECK(same_bytes(q, q_input), where + ": q written");
+    // Past q_out's rows nothing is written.
+    const std::size_t end = with_q ? tokens * hq * d : 0;
+    ROPE_FUZZ_CHECK(std::memcmp(q_out.data() + end, out_before.data() + end, (q_out.size() - end) * sizeof(QO)) == 0,
                     where + ": past q_out");
   }
 
-  // Every slot no token names is as it was; a named one holds its token's
+  // Every slot no token writes is as it was; a written one holds its token's
   // K row (normalized, rotated) or V row, rounded once.
-  std::vector<std::int64_t> writer(slot_count, -1);
-  for (std::size_t t = 0; t < n; ++t) {
-    if (slots[t] >= 0) writer[static_cast<std::size_t>(slots[t])] = static_cast<std::int64_t>(t);
+  std::vector<std::int64_t> writer(pages * ps, -1);
+  for (std::size_t t = 0; t < tokens; ++t) writer[static_cast<std::size_t>(b.slots[t])] = static_cast<std::int64_t>(t);
+  check_written(
+      kp, kb, writer, [&](std::size_t t, std::size_t h) { return k_want[t][h]; }, where + ": k");
+  check_written(
+      vp, vb, writer,
+      [&](std::size_t t, std::size_t h) {
+        return std::vector<LD>(v_rows[t * hk + h].begin(), v_rows[t * hk + h].end());
+      },
+      where + ": v");
+}
+
+// ---------------------------------------------------------------------------
+// One sequence's step over a contiguous cache.
+
+// A step of one sequence over its contiguous cache (PagedCache::contiguous,
+// token- or head-major rows) and the plan of one sequence: `cached` keys
+// before, n new ones, sometimes more than the capacity (plan refused, and
+// the plan it held before then refused by append and attend). Then append
+// (with Q, or the K/V form with Q rotated by rope::apply at
+// plan.positions()) and attend on append's Q. A refused call writes
+// nothing; an accepted append writes the new tokens' slots, within one
+// rounding of their rotated rows (a float cache: the bytes of rope::apply,
+// as is q_out), and attend equals the oracle over the cache as it then is.
+template <class E>
+void step_typed(Bytes& in) {
+  constexpr bool scaled = rope::KvElement<E>::kScaled;
+  const std::size_t capacity = 1 + in.u8() % 10, cached = in.u8() % (capacity + 2), n = in.u8() % 4;
+  const std::size_t hk = 1 + in.u8() % 2, group = 1 + in.u8() % 3, hq = hk * group;
+  const std::size_t d = 2 * (1 + in.u8() % 4), dv = 1 + in.u8() % 4, table_positions = 1 + in.u8() % 20;
+  const rope::Table<float> table(rope::frequencies(d, 100.0), table_positions);
+  const rope::Style style = in.flag() ? rope::Style::rotate_half : rope::Style::block_diagonal;
+  const bool head_major = in.flag(), kv_form = in.u8() % 4 == 0;
+  const DrawnThreads threads = draw_threads(in);
+  ra::Mask mask;
+  mask.causal = in.flag();
+  mask.window = in.u8() % 4 == 0 ? in.u8() % 5 : 0;
+  const std::size_t splits[] = {1, 2, 3, 512};
+  const std::size_t kv_split = splits[in.u8() % 4];
+  const std::uint8_t view_break = in.u8() % 8;
+  const DrawnLogits logits = draw_logits<float>(in, hq);
+
+  PoolData<E> kp, vp;
+  kp.data.assign(capacity * hk * d, poison<E>());
+  vp.data.assign(capacity * hk * dv, poison<E>());
+  kp.scales.assign(capacity * hk, 0.0f);
+  vp.scales.assign(capacity * hk, 0.0f);
+  const auto rows = [&](std::vector<E>& data, std::size_t dim) {
+    return head_major ? rope::View<E>::head_major(data.data(), capacity, hk, dim)
+                      : rope::View<E>::token_major(data.data(), capacity, hk, dim);
+  };
+  ra::PagedCache<E> cache = ra::PagedCache<E>::contiguous(
+      rows(kp.data, d), rows(vp.data, dv), scaled ? kp.scales.data() : nullptr, scaled ? vp.scales.data() : nullptr);
+  kp.pool = cache.k;
+  vp.pool = cache.v;
+  fill_rows(kp.pool, in);
+  fill_rows(vp.pool, in);
+  auto q = elements<float>(in, n * hq * d), k_new = elements<float>(in, n * hk * d),
+       v_new = elements<float>(in, n * hk * dv);
+  std::vector<float> q_out(std::max<std::size_t>(n * hq * d, 1), -9.0f);
+  std::vector<float> out(n * hq * dv + 1, -9.0f), lse(n * hq + 1, -9.0f);
+
+  ra::Shape shape = ra::Shape::of(cache, hq);
+  shape.kv_split = kv_split;
+  const std::string where = "step capacity=" + std::to_string(capacity) + " cached=" + std::to_string(cached) +
+                            " n=" + std::to_string(n) + " heads=" + std::to_string(hq) + "/" + std::to_string(hk) +
+                            " d=" + std::to_string(d) + "/" + std::to_string(dv) +
+                            " kv_form=" + std::to_string(kv_form) + " break=" + std::to_string(view_break);
+  ra::Plan plan;
+  if (n <= capacity) ra::plan(plan, shape, 0, n);  // a plan these views fit, before the one under test
+  const bool plan_valid = cached + n <= capacity && threads.valid;
+  bool planned = true;
+  try {
+    ra::plan(plan, shape, cached, n, threads.threads);
+  } catch (const rope::invalid_argument& e) {
+    planned = false;
+    ROPE_FUZZ_CHECK(!plan_valid, where + ": plan refused a valid step: " + e.what());
+    ROPE_FUZZ_CHECK(named(e, "rope::attention::plan"), e.what());
   }
-  std::vector<E> k_old_data = kd, v_old_data = vd;
-  std::vector<float> k_old_scales = ks, v_old_scales = vs;
-  ra::PagePool<E> k_old = kp.pool, v_old = vp.pool;
-  k_old.data = k_old_data.data();
-  v_old.data = v_old_data.data();
-  k_old.scales = scaled ? k_old_scales.data() : nullptr;
-  v_old.scales = scaled ? v_old_scales.data() : nullptr;
-  const auto check_slots_of = [&](const PoolData<E>& now, const ra::PagePool<E>& old, std::size_t dim, bool is_k) {
-    for (std::size_t s = 0; s < slot_count; ++s) {
+  ROPE_FUZZ_CHECK(planned == plan_valid, where + ": plan accepted an invalid step");
+  for (std::size_t t = 0; t < n && planned; ++t) {
+    ROPE_FUZZ_CHECK(plan.position(t) == static_cast<std::int64_t>(cached + t) &&
+                        plan.slot(t) == static_cast<std::int64_t>(cached + t),
+                    where + ": a new token's position or slot");
+  }
+
+  ra::AppendOptions ao;
+  ao.rotation = ra::Rotation<float>(&table, style);
+  rope::View<const float> kv = rope::View<const float>::token_major(k_new.data(), n, hk, d);
+  rope::View<float> qo = rope::View<float>::token_major(q_out.data(), n, hq, d);
+  rope::View<float> ov = rope::View<float>::token_major(out.data(), n, hq, dv);
+  float* lse_ptr = lse.data();
+  bool append_ok = true, attend_ok = true;
+  switch (view_break) {
+    case 1:
+      if constexpr (std::is_same<E, float>::value) {
+        if (n > 0 && cached + n <= capacity) {
+          kv = cache.k.page(0).slice_tokens(cached, n);  // already in its own slots
+        }
+      }
+      break;
+    case 2:
+      if constexpr (std::is_same<E, float>::value) {
+        if (n > 0 && cached > 0 && n <= capacity) {
+          kv = cache.k.page(0).slice_tokens(0, n);  // in the cache, not its slots
+          append_ok = false;
+        }
+      }
+      break;
+    case 3:
+      ao.rotation = ra::Rotation<float>();  // a table set by hand, without its pairing
+      ao.rotation.table = &table;
+      append_ok = false;
+      break;
+    case 4:
+      if (n > 0 && dv <= d) {
+        ov = rope::View<float>::token_major(q_out.data(), n, hq, dv);  // out over attend's q
+        attend_ok = false;
+      }
+      break;
+    case 5:
+      if (n > 0) {
+        lse_ptr = out.data();  // lse over out
+        attend_ok = false;
+      }
+      break;
+    case 6:
+      if (!kv_form && n > 0 && n * hq * d * sizeof(float) <= kp.data.size() * sizeof(E)) {
+        qo = rope::View<float>::token_major(reinterpret_cast<float*>(kp.data.data()), n, hq, d);  // q_out over cache.k
+        append_ok = false;
+      }
+      break;
+    default: break;
+  }
+  for (std::size_t t = 0; t < n; ++t) append_ok = append_ok && cached + t < table_positions;
+  append_ok = append_ok && planned;
+  const PoolBefore<E> kb = before(kp), vb = before(vp);
+  const auto q_before = q, k_before = k_new, q_out_before = q_out;
+  std::vector<std::vector<float>> k_rows;
+  if (append_ok) k_rows = token_rows(kv);
+
+  bool threw = false;
+  try {
+    if (kv_form) {
+      ra::append(plan, cache, kv, rope::View<const float>::token_major(v_new.data(), n, hk, dv), ao);
+    } else {
+      ra::append(plan, cache, rope::View<const float>::token_major(q.data(), n, hq, d), kv,
+                 rope::View<const float>::token_major(v_new.data(), n, hk, dv), qo, ao);
+    }
+  } catch (const rope::invalid_argument& e) {
+    threw = true;
+    ROPE_FUZZ_CHECK(!append_ok, where + ": append: " + e.what());
+    ROPE_FUZZ_CHECK(named(e, "rope::attention::append"), e.what());
+    if (!planned) check_no_plan(e, "rope::attention::append", where);
+  }
+  ROPE_FUZZ_CHECK(same_bytes(q, q_before) && same_bytes(k_new, k_before), where + ": q or k written");
+  if (threw) {
+    ROPE_FUZZ_CHECK(unchanged(kp, kb) && unchanged(vp, vb), where + ": a refused append wrote the cache");
+    ROPE_FUZZ_CHECK(same_bytes(q_out, q_out_before), where + ": a refused append wrote q_out");
+  } else {
+    ROPE_FUZZ_CHECK(append_ok, where + ": append accepted an invalid call");
+    // Q rotated by the caller at the plan's positions (the K/V form), else
+    // append's own q_out: the bytes of rope::apply at those positions.
+    std::vector<float> q_apply(q_out.size(), -9.0f);
+    // (With no new tokens plan.positions() is null, which rope::apply
+    // refuses even for no tokens: reported with this target.)
+    if (n > 0) {
+      rope::apply<float>(rope::View<const float>::token_major(q.data(), n, hq, d),
+                         rope::View<float>::token_major(q_apply.data(), n, hq, d), table, style,
+                         rope::Positions(plan.positions()));
+    }
+    if (kv_form) {
+      q_out = q_apply;
+    } else {
+      ROPE_FUZZ_CHECK(same_bytes(q_out, q_apply), where + ": q_out is not rope::apply's bytes");
+    }
+    std::vector<std::int64_t> writer(capacity, -1);
+    for (std::size_t t = 0; t < n; ++t) writer[cached + t] = static_cast<std::int64_t>(t);
+    std::vector<std::vector<std::vector<LD>>> k_want(n);
+    for (std::size_t t = 0; t < n; ++t) {
       for (std::size_t h = 0; h < hk; ++h) {
-        const std::string at =
-            where + (is_k ? ": k" : ": v") + " slot " + std::to_string(s) + " head " + std::to_string(h);
-        if (writer[s] < 0) {
-          ROPE_FUZZ_CHECK(std::memcmp(now.pool.row(s, h), old.row(s, h), dim * sizeof(E)) == 0, at + " changed");
-          if (scaled) ROPE_FUZZ_CHECK(std::memcmp(now.pool.scale(s, h), old.scale(s, h), 4) == 0, at + " scale");
-          continue;
-        }
-        const auto t = static_cast<std::size_t>(writer[s]);
-        std::vector<LD> x(dim);
-        if (is_k) {
-          x = k_want[t][h];
-        } else {
-          for (std::size_t c = 0; c < dim; ++c) x[c] = rope::detail::widen_value(v_input[(t * hk + h) * dv + c]);
-        }
-        if (!finite_all(x)) {
-          if (scaled) {
-            ROPE_FUZZ_CHECK(std::isnan(*now.pool.scale(s, h)), at + ": a non-finite row's scale is not NaN");
-            for (std::size_t c = 0; c < dim; ++c)
-              ROPE_FUZZ_CHECK(rope::detail::widen_value(now.pool.row(s, h)[c]) == 0.0f, at + ": not 0");
-          }
-          continue;
-        }
-        const LD top = top_of(x);
-        if (scaled) {
-          ROPE_FUZZ_CHECK(std::fabs(LD(*now.pool.scale(s, h)) - top / 127) <= 1e-6L * (1 + top), at + ": the scale");
-        }
-        for (std::size_t c = 0; c < dim; ++c) {
-          const LD got = stored(now.pool, s, h, c);
-          ROPE_FUZZ_CHECK(within_one_rounding<E>(got, x[c], top), at + " channel " + std::to_string(c) + ": got " +
-                                                                      std::to_string(double(got)) + ", want " +
-                                                                      std::to_string(double(x[c])));
+        const std::vector<LD> x(k_rows[t * hk + h].begin(), k_rows[t * hk + h].end());
+        k_want[t].push_back(rotate_ld(x, table, style, d, static_cast<std::int64_t>(cached + t)));
+      }
+    }
+    check_written(
+        kp, kb, writer, [&](std::size_t t, std::size_t h) { return k_want[t][h]; }, where + ": k");
+    check_written(
+        vp, vb, writer, [&](std::size_t t, std::size_t h) { return head_row(v_new, t, h, hk, dv); }, where + ": v");
+    if constexpr (std::is_same<E, float>::value) {
+      // A float cache holds rope::apply's bytes of the new keys.
+      std::vector<float> k_apply(std::max<std::size_t>(n * hk * d, 1));
+      std::vector<float> k_in(k_apply.size());
+      for (std::size_t t = 0; t < n; ++t) {
+        for (std::size_t h = 0; h < hk; ++h)
+          std::copy(k_rows[t * hk + h].begin(), k_rows[t * hk + h].end(), &k_in[(t * hk + h) * d]);
+      }
+      if (n > 0) {
+        rope::apply<float>(rope::View<const float>::token_major(k_in.data(), n, hk, d),
+                           rope::View<float>::token_major(k_apply.data(), n, hk, d), table, style,
+                           rope::Positions(plan.positions()));
+      }
+      for (std::size_t t = 0; t < n; ++t) {
+        for (std::size_t h = 0; h < hk; ++h) {
+          ROPE_FUZZ_CHECK(std::memcmp(cache.k.row(cached + t, h), &k_apply[(t * hk + h) * d], d * sizeof(float)) == 0,
+                          where + ": a key is not rope::apply's bytes");
         }
       }
     }
-  };
-  check_slots_of(kp, k_old, d, true);
-  check_slots_of(vp, v_old, dv, false);
+  }
+
+  // attend on the rotated Q, over the cache as it now is.
+  const PoolBefore<E> ka = before(kp), va = before(vp);
+  const auto qo_before = q_out, out_before = out, lse_before = lse;
+  const bool attend_valid = planned && attend_ok && logits.valid;
+  threw = false;
+  try {
+    ra::attend(plan, cache, rope::View<const float>(qo), ov, logits.logits, mask, lse_ptr);
+  } catch (const rope::invalid_argument& e) {
+    threw = true;
+    ROPE_FUZZ_CHECK(!attend_valid, where + ": attend: " + e.what());
+    ROPE_FUZZ_CHECK(named(e, "rope::attention::attend"), e.what());
+    if (!planned) check_no_plan(e, "rope::attention::attend", where);
+  }
+  ROPE_FUZZ_CHECK(unchanged(kp, ka) && unchanged(vp, va) && same_bytes(q_out, qo_before),
+                  where + ": attend wrote its inputs");
+  if (threw) {
+    ROPE_FUZZ_CHECK(same_bytes(out, out_before) && same_bytes(lse, lse_before), where + ": a refused attend wrote");
+    return;
+  }
+  ROPE_FUZZ_CHECK(attend_valid, where + ": attend accepted an invalid call");
+  const LogitsIn<float> li(logits.logits, hq, d);
+  std::vector<std::size_t> slots(cached + n);
+  for (std::size_t j = 0; j < slots.size(); ++j) slots[j] = j;
+  for (std::size_t t = 0; t < n; ++t) {
+    check_attend_token<E, float, float>(where, rope::View<const float>(qo), ov, lse_ptr, t,
+                                        static_cast<std::int64_t>(cached + t), slots, kp.pool, vp.pool, group, li,
+                                        mask);
+  }
 }
 
+// ---------------------------------------------------------------------------
+// merge.
+
+// An lse as a partial state may hold: a moderate or large finite value,
+// -inf (a part that saw no key), NaN, or +inf (not asserted on).
+float draw_lse(Bytes& in) {
+  const std::uint8_t kind = in.u8() % 16;
+  if (kind == 0) return -std::numeric_limits<float>::infinity();
+  if (kind == 1) return std::numeric_limits<float>::quiet_NaN();
+  if (kind == 2) return std::numeric_limits<float>::infinity();
+  if (kind == 3) return static_cast<float>((static_cast<int>(in.u8()) - 128) * 16);
+  return static_cast<float>(static_cast<std::int8_t>(in.u8())) / 16.0f;
+}
+
+// merge of two partial states (out_a of A, out_b of B into out of O):
+// rows with lse finite, -inf (left out whatever the row holds; both: a zero
+// row and -inf), NaN (NaN) or +inf (not asserted on); out in place over
+// out_a, lse over lse_a or lse_b; shapes that differ, a null lse input, out
+// overlapping an input or lse overlapping out or an input partially. A
+// refused call writes nothing; an accepted one equals the long-double merge
+// of the inputs within the rounding of the online-softmax merge.
+template <class A, class B, class O>
+void merge_typed(Bytes& in) {
+  const std::size_t tokens = in.u8() % 4, heads = 1 + in.u8() % 3, dim = 1 + in.u8() % 6, rows = tokens * heads;
+  const std::uint8_t view_break = in.u8() % 16, lse_mode = in.u8() % 4;
+  const bool in_place = std::is_same<A, O>::value && in.u8() % 4 == 0;
+  std::vector<A> a = rows_of<A>(in, (rows + 1) * dim);
+  std::vector<B> b = rows_of<B>(in, (rows + 1) * dim);
+  Exact<float> lse_a(rows + 1), lse_b(rows + 1), lse_out(rows + 1);
+  for (std::size_t i = 0; i < rows + 1; ++i) {
+    lse_a[i] = draw_lse(in);
+    lse_b[i] = draw_lse(in);
+    lse_out[i] = -9.0f;
+  }
+  std::vector<O> out((rows + 1) * (dim + 2), from_float<O>(-9.0f));
+  rope::View<const A> va = rope::View<const A>::token_major(a.data(), tokens, heads, dim);
+  rope::View<const B> vb = rope::View<const B>::token_major(b.data(), tokens, heads, dim);
+  rope::View<O> vo = rope::View<O>::token_major(out.data(), tokens, heads, dim);
+  if constexpr (std::is_same<A, O>::value) {
+    if (in_place) vo = rope::View<O>::token_major(a.data(), tokens, heads, dim);
+  }
+  const float* pa = lse_a.data();
+  const float* pb = lse_b.data();
+  float* po = lse_mode == 0 ? nullptr : lse_mode == 1 ? lse_a.data() : lse_mode == 2 ? lse_b.data() : lse_out.data();
+  bool valid = true;
+  switch (view_break) {
+    case 1:
+      vb.tokens = tokens + 1;
+      valid = false;
+      break;
+    case 2:
+      vo.head_dim = dim + 1;
+      valid = false;
+      break;
+    case 3:
+      pa = nullptr;
+      valid = rows == 0;
+      break;
+    case 4:
+      pb = nullptr;
+      valid = rows == 0;
+      break;
+    case 5:
+      if (rows * dim > 1 && !in_place) {
+        vo = rope::View<O>::token_major(reinterpret_cast<O*>(a.data() + 1), tokens, heads, dim);  // over out_a, shifted
+        valid = false;
+      }
+      break;
+    case 6:
+      if (po != nullptr && rows > 0) {
+        po = reinterpret_cast<float*>(vo.data);  // lse over out
+        valid = false;
+      }
+      break;
+    case 7:
+      if (po != nullptr && rows > 1) {
+        po = lse_a.data() + 1;  // lse partly over lse_a
+        valid = false;
+      }
+      break;
+    case 8:
+      vo.data = nullptr;
+      valid = false;
+      break;
+    case 9:
+      if (rows * dim > 1) {
+        vo = rope::View<O>::token_major(reinterpret_cast<O*>(b.data() + 1), tokens, heads, dim);  // over out_b, shifted
+        valid = false;
+      }
+      break;
+    case 10:
+      vo.heads = heads + 1;
+      valid = false;
+      break;
+    default: break;
+  }
+  const auto a_before = a;
+  const auto b_before = b;
+  const auto out_before = out;
+  const std::vector<float> la = copy_of(lse_a), lb = copy_of(lse_b), lo = copy_of(lse_out);
+  const std::string where = "merge tokens=" + std::to_string(tokens) + " heads=" + std::to_string(heads) +
+                            " dim=" + std::to_string(dim) + " in_place=" + std::to_string(in_place) +
+                            " lse=" + std::to_string(lse_mode) + " break=" + std::to_string(view_break);
+  bool threw = false;
+  try {
+    ra::merge(va, pa, vb, pb, vo, po);
+  } catch (const rope::invalid_argument& e) {
+    threw = true;
+    ROPE_FUZZ_CHECK(!valid, where + ": " + e.what());
+    ROPE_FUZZ_CHECK(named(e, "rope::attention::merge"), e.what());
+  }
+  if (threw) {
+    ROPE_FUZZ_CHECK(same_bytes(a, a_before) && same_bytes(b, b_before) && same_bytes(out, out_before) &&
+                        same_bytes(lse_a, la) && same_bytes(lse_b, lb) && same_bytes(lse_out, lo),
+                    where + ": a refused merge wrote");
+    return;
+  }
+  ROPE_FUZZ_CHECK(valid, where + ": an invalid merge was accepted");
+  ROPE_FUZZ_CHECK(same_bytes(b, b_before), where + ": out_b written");
+  if (!in_place) ROPE_FUZZ_CHECK(same_bytes(a, a_before), where + ": out_a written");
+  if (po != lse_a.data()) ROPE_FUZZ_CHECK(same_bytes(lse_a, la), where + ": lse_a written");
+  if (po != lse_b.data()) ROPE_FUZZ_CHECK(same_bytes(lse_b, lb), where + ": lse_b written");
+  if (po != lse_out.data()) ROPE_FUZZ_CHECK(same_bytes(lse_out, lo), where + ": lse written");
+  if (po != nullptr) {
+    const float* was = po == lse_a.data() ? &la[rows] : po == lse_b.data() ? &lb[rows] : &lo[rows];
+    ROPE_FUZZ_CHECK(std::memcmp(po + rows, was, sizeof(float)) == 0, where + ": past lse");
+  }
+
+  const LD u = unit_roundoff<float>();
+  const LD neg_inf = kNegInf;
+  for (std::size_t t = 0; t < tokens; ++t) {
+    for (std::size_t h = 0; h < heads; ++h) {
+      const std::size_t row = t * heads + h;
+      const std::string at = where + " row " + std::to_string(row);
+      const LD x = la[row], y = lb[row];
+      const O* got = vo.row(t, h);
+      const float* got_lse = po != nullptr ? po + row : nullptr;
+      std::vector<LD> ra_(dim), rb(dim);
+      for (std::size_t c = 0; c < dim; ++c) {
+        ra_[c] = widen(a_before[row * dim + c]);
+        rb[c] = widen(b_before[row * dim + c]);
+      }
+      if (x == std::numeric_limits<LD>::infinity() || y == std::numeric_limits<LD>::infinity()) continue;
+      if (x == neg_inf && y == neg_inf) {
+        for (std::size_t c = 0; c < dim; ++c) ROPE_FUZZ_CHECK(widen(got[c]) == 0, at + ": two empty parts");
+        if (got_lse != nullptr) ROPE_FUZZ_CHECK(LD(*got_lse) == neg_inf, at + ": the lse of two empty parts");
+        continue;
+      }
+      if (x == neg_inf || y == neg_inf) {  // one part alone, whatever the other row holds
+        const std::vector<LD>& keep = x == neg_inf ? rb : ra_;
+        for (std::size_t c = 0; c < dim; ++c) {
+          const LD g = widen(got[c]);
+          if (std::isnan(keep[c])) {
+            ROPE_FUZZ_CHECK(std::isnan(g), at + ": the kept part's NaN");
+          } else if (std::isfinite(keep[c])) {
+            ROPE_FUZZ_CHECK(std::fabs(g - keep[c]) <= output_rounding<O>(keep[c]), at + ": the kept part");
+          }
+        }
+        if (got_lse != nullptr) {
+          const LD want = x == neg_inf ? y : x;
+          ROPE_FUZZ_CHECK(LD(*got_lse) == want || (std::isnan(want) && std::isnan(*got_lse)),
+                          at + ": the kept part's lse");
+        }
+        continue;
+      }
+      if (std::isnan(x) || std::isnan(y)) {
+        for (std::size_t c = 0; c < dim; ++c) ROPE_FUZZ_CHECK(std::isnan(widen(got[c])), at + ": a NaN lse");
+        if (got_lse != nullptr) ROPE_FUZZ_CHECK(std::isnan(*got_lse), at + ": a NaN lse's lse");
+        continue;
+      }
+      // Both finite: weights exp(l - M) off by u |l - M| + a few u each; the
+      // products, the sum and the division add a few u of the weighted mean;
+      // weights below float's range are 0 (an absolute 2^-120 of |a| + |b|).
+      const LD m = std::max(x, y), wa = std::exp(x - m), wb = std::exp(y - m), l = wa + wb;
+      const LD rel = u * (std::fabs(x - m) + std::fabs(y - m)) + 8 * u;
+      for (std::size_t c = 0; c < dim; ++c) {
+        const LD g = widen(got[c]);
+        if (std::isnan(ra_[c]) || std::isnan(rb[c])) {
+          ROPE_FUZZ_CHECK(std::isnan(g), at + ": a NaN value");
+          continue;
+        }
+        if (!std::isfinite(ra_[c]) || !std::isfinite(rb[c])) continue;
+        const LD want = (wa * ra_[c] + wb * rb[c]) / l;
+        const LD mean = (wa * std::fabs(ra_[c]) + wb * std::fabs(rb[c])) / l;
+        const LD bound = 2 * rel * mean + std::ldexp(std::fabs(ra_[c]) + std::fabs(rb[c]), -120) +
+                         output_rounding<O>(std::fabs(want) + 2 * rel * mean);
+        ROPE_FUZZ_CHECK(std::fabs(g - want) <= bound, at + " channel " + std::to_string(c) + ": got " +
+                                                          std::to_string(double(g)) + ", want " +
+                                                          std::to_string(double(want)));
+      }
+      if (got_lse != nullptr) {
+        const LD want = m + std::log(l);
+        ROPE_FUZZ_CHECK(std::fabs(LD(*got_lse) - want) <= 2 * (rel + u * std::fabs(want)),
+                        at + ": lse " + std::to_string(*got_lse) + ", want " + std::to_string(double(want)));
+      }
+    }
+  }
+}
+
+// attend over a decode token's keys split in two parts a and b (pages
+// [0, pa) and [pa, pa + pb) of one pool; the union c shares a's pages), the
+// sink given to a alone, then merge(a, b): equals attend over c within the
+// parts' bounds, their lse's and the merge's rounding. Ties attend's
+// log-sum-exp to what state.hpp merges.
 template <class E>
-void append_any(Bytes& in) {
+void split_merge(Bytes& in) {
+  const std::size_t ps = 1 + in.u8() % 4, hk = 1 + in.u8() % 2, group = 1 + in.u8() % 3, hq = hk * group;
+  const std::size_t d = 1 + in.u8() % 8, dv = 1 + in.u8() % 5;
+  const std::size_t pages_a = 1 + in.u8() % 3, pages_b = 1 + in.u8() % 3, pages = pages_a + pages_b;
+  const std::size_t len_a = pages_a * ps, len_b = 1 + in.u8() % (pages_b * ps), len_c = len_a + len_b;
+  const std::uint8_t layout = in.u8();
+  ra::Mask mask;
+  mask.causal = in.flag();
+  ra::Logits with_sinks;
+  if (in.flag()) with_sinks.scale = 0.05 + in.u8() / 64.0;
+  if (in.u8() % 4 == 0) with_sinks.softcap = 0.5 + in.u8() / 16.0;
   if (in.flag()) {
-    append_typed<E, float>(in);
+    for (std::size_t h = 0; h < hq; ++h) {
+      with_sinks.sinks.push_back(in.u8() % 8 == 0 ? -HUGE_VAL : (static_cast<int>(in.u8()) - 128) / 32.0);
+    }
+  }
+  ra::Logits no_sinks = with_sinks;
+  no_sinks.sinks.clear();
+  const std::size_t splits[] = {1, 2, 3, 512};
+  const std::size_t kv_split = splits[in.u8() % 4];
+  const std::size_t rotate_by = in.u8() % pages;  // page ids rotated: the tables name pages in any order
+  const bool in_place = in.flag();
+  PoolData<E> kp, vp;
+  make_pool(kp, in, pages, ps, hk, d, layout);
+  make_pool(vp, in, pages, ps, hk, dv, layout);
+  const ra::PagedCache<E> cache{kp.pool, vp.pool};
+  const std::vector<float> q = rows_of<float>(in, hq * d);
+  std::vector<float> q2(2 * hq * d);
+  std::copy(q.begin(), q.end(), q2.begin());
+  std::copy(q.begin(), q.end(), q2.begin() + static_cast<std::ptrdiff_t>(hq * d));
+
+  std::vector<std::int32_t> ids(pages);
+  for (std::size_t i = 0; i < pages; ++i) ids[i] = static_cast<std::int32_t>((i + rotate_by) % pages);
+  ra::Shape shape = ra::Shape::of(cache, hq);
+  shape.kv_split = kv_split;
+  // Sequences c (every page) and a (the first pages_a; its row's tail unread).
+  const std::int64_t starts_ca[3] = {0, 1, 2},
+                     lengths_ca[2] = {static_cast<std::int64_t>(len_c), static_cast<std::int64_t>(len_a)};
+  std::vector<std::int32_t> table_ca(2 * pages);
+  std::copy(ids.begin(), ids.end(), table_ca.begin());
+  std::copy(ids.begin(), ids.end(), table_ca.begin() + static_cast<std::ptrdiff_t>(pages));
+  ra::Plan plan_ca, plan_b;
+  ra::plan(plan_ca, shape, ra::Batch{starts_ca, lengths_ca, table_ca.data(), pages, 2});
+  const std::int64_t starts_b[2] = {0, 1}, length_b = static_cast<std::int64_t>(len_b);
+  ra::plan(plan_b, shape, ra::Batch{starts_b, &length_b, ids.data() + pages_a, pages_b, 1});
+  std::vector<float> out_ca(2 * hq * dv), lse_ca(2 * hq), out_b(hq * dv), lse_b(hq), merged(hq * dv), lse_m(hq);
+  ra::attend(plan_ca, cache, rope::View<const float>::token_major(q2.data(), 2, hq, d),
+             rope::View<float>::token_major(out_ca.data(), 2, hq, dv), with_sinks, mask, lse_ca.data());
+  ra::attend(plan_b, cache, rope::View<const float>::token_major(q.data(), 1, hq, d),
+             rope::View<float>::token_major(out_b.data(), 1, hq, dv), no_sinks, mask, lse_b.data());
+  const auto a_view = rope::View<const float>::token_major(out_ca.data() + hq * dv, 1, hq, dv);
+  if (in_place) {  // into b's own rows
+    ra::merge(a_view, lse_ca.data() + hq, rope::View<const float>::token_major(out_b.data(), 1, hq, dv), lse_b.data(),
+              rope::View<float>::token_major(out_b.data(), 1, hq, dv), lse_b.data());
+    merged = out_b;
+    lse_m = lse_b;
   } else {
-    append_typed<E, rope::BFloat16>(in);
+    ra::merge(a_view, lse_ca.data() + hq, rope::View<const float>::token_major(out_b.data(), 1, hq, dv), lse_b.data(),
+              rope::View<float>::token_major(merged.data(), 1, hq, dv), lse_m.data());
+  }
+
+  const LogitsIn<float> li_sinks(with_sinks, hq, d), li_plain(no_sinks, hq, d);
+  const std::string where = "split merge pages=" + std::to_string(pages_a) + "+" + std::to_string(pages_b) + "x" +
+                            std::to_string(ps) + " heads=" + std::to_string(hq) + "/" + std::to_string(hk) +
+                            " d=" + std::to_string(d) + "/" + std::to_string(dv) + " split=" + std::to_string(kv_split);
+  const LD u = unit_roundoff<float>();
+  for (std::size_t h = 0; h < hq; ++h) {
+    const std::size_t g = h / group;
+    std::vector<LD> qr(d);
+    for (std::size_t c = 0; c < d; ++c) qr[c] = q[h * d + c];
+    const auto want_of = [&](std::size_t first_page, std::size_t length, const LogitsIn<float>& li) {
+      std::vector<Scored> keys;
+      bool finite = finite_all(qr);
+      for (std::size_t j = 0; j < length; ++j) {
+        const std::size_t slot = static_cast<std::size_t>(ids[first_page + j / ps]) * ps + j % ps;
+        Scored s;
+        for (std::size_t c = 0; c < d; ++c) {
+          const LD kc = stored(kp.pool, slot, g, c);
+          finite = finite && std::isfinite(kc);
+          s.dot += qr[c] * kc;
+          s.magnitude += std::fabs(qr[c]) * std::fabs(kc);
+        }
+        for (std::size_t c = 0; c < dv; ++c) {
+          s.v.push_back(stored(vp.pool, slot, g, c));
+          finite = finite && std::isfinite(s.v.back());
+        }
+        keys.push_back(std::move(s));
+      }
+      return softmax_want<float>(keys, d, dv, li, h, finite, false, {});
+    };
+    const Want wc = want_of(0, len_c, li_sinks), wa = want_of(0, len_a, li_sinks),
+               wb = want_of(pages_a, len_b, li_plain);
+    if (!wc.finite) continue;
+    const LD mag = std::max(wa.magnitude, wb.magnitude);
+    const LD rel = u * (std::fabs(wa.lse - wc.lse) + std::fabs(wb.lse - wc.lse)) + 8 * u;
+    const LD bound = wa.tolerance + wb.tolerance + 2 * (wa.lse_tolerance + wb.lse_tolerance) * mag + 2 * rel * mag +
+                     std::ldexp(mag, -118);
+    const std::string at = where + " head " + std::to_string(h);
+    for (std::size_t c = 0; c < dv; ++c) {
+      const LD got = merged[h * dv + c];
+      ROPE_FUZZ_CHECK(std::fabs(got - wc.out[c]) <= bound,
+                      at + " channel " + std::to_string(c) + ": merged " + std::to_string(double(got)) + ", whole " +
+                          std::to_string(double(wc.out[c])) + ", bound " + std::to_string(double(bound)));
+    }
+    const LD lse_bound = wa.lse_tolerance + wb.lse_tolerance + 2 * (rel + u * std::fabs(wc.lse));
+    ROPE_FUZZ_CHECK(std::fabs(LD(lse_m[h]) - wc.lse) <= lse_bound,
+                    at + ": merged lse " + std::to_string(lse_m[h]) + ", whole " + std::to_string(double(wc.lse)));
   }
 }
 
@@ -1412,34 +2393,14 @@ void fuzz_softmax(Bytes& in) {
   switch (in.u8() % 4) {
     case 0: softmax_typed<float>(in); break;
     case 1: softmax_typed<double>(in); break;
-    case 2: softmax_step_typed<float>(in); break;
-    default: softmax_step_typed<double>(in); break;
-  }
-}
-
-void fuzz_batch(Bytes& in) {
-  switch (in.u8() % 4) {
-    case 0: batch_typed<float>(in); break;
-    case 1: batch_typed<rope::BFloat16>(in); break;
-    case 2: batch_typed<rope::Float16>(in); break;
-    default: batch_typed<std::int8_t>(in); break;
-  }
-}
-
-void fuzz_write_slots(Bytes& in) {
-  switch (in.u8() % 4) {
-    case 0: write_slots_any<float>(in); break;
-    case 1: write_slots_any<rope::BFloat16>(in); break;
-    case 2: write_slots_any<rope::Float16>(in); break;
-    default: write_slots_any<std::int8_t>(in); break;
-  }
-}
-
-void fuzz_norm_rope_append(Bytes& in) {
-  switch (in.u8() % 3) {
-    case 0: append_any<float>(in); break;
-    case 1: append_any<rope::BFloat16>(in); break;
-    default: append_any<std::int8_t>(in); break;
+    case 2: step_typed<float>(in); break;
+    default:
+      switch (in.u8() % 3) {
+        case 0: step_typed<rope::BFloat16>(in); break;
+        case 1: step_typed<rope::Float16>(in); break;
+        default: step_typed<std::int8_t>(in); break;
+      }
+      break;
   }
 }
 
@@ -1451,6 +2412,71 @@ void fuzz_linear(Bytes& in) {
   }
 }
 
+namespace {
+// q and out row types of attend: (float, float), (bf16, float), (float, f16).
+template <class E>
+void attend_any(Bytes& in) {
+  switch (in.u8() % 3) {
+    case 0: attend_typed<E, float, float>(in); break;
+    case 1: attend_typed<E, rope::BFloat16, float>(in); break;
+    default: attend_typed<E, float, rope::Float16>(in); break;
+  }
+}
+// Rows of q, k, v and q_out: (float, float), (bf16, float), (bf16, bf16).
+template <class E>
+void append_any(Bytes& in, bool with_q) {
+  switch (in.u8() % 3) {
+    case 0: append_typed<E, float, float>(in, with_q); break;
+    case 1: append_typed<E, rope::BFloat16, float>(in, with_q); break;
+    default: append_typed<E, rope::BFloat16, rope::BFloat16>(in, with_q); break;
+  }
+}
+}  // namespace
+
+void fuzz_attend(Bytes& in) {
+  switch (in.u8() % 4) {
+    case 0: attend_any<float>(in); break;
+    case 1: attend_any<rope::BFloat16>(in); break;
+    case 2: attend_any<rope::Float16>(in); break;
+    default: attend_any<std::int8_t>(in); break;
+  }
+}
+
+void fuzz_append_kv(Bytes& in) {
+  switch (in.u8() % 4) {
+    case 0: append_any<float>(in, false); break;
+    case 1: append_any<rope::BFloat16>(in, false); break;
+    case 2: append_any<rope::Float16>(in, false); break;
+    default: append_any<std::int8_t>(in, false); break;
+  }
+}
+
+void fuzz_append(Bytes& in) {
+  switch (in.u8() % 4) {
+    case 0: append_any<float>(in, true); break;
+    case 1: append_any<rope::BFloat16>(in, true); break;
+    case 2: append_any<rope::Float16>(in, true); break;
+    default: append_any<std::int8_t>(in, true); break;
+  }
+}
+
+void fuzz_merge(Bytes& in) {
+  switch (in.u8() % 6) {
+    case 0: merge_typed<float, float, float>(in); break;
+    case 1: merge_typed<rope::BFloat16, float, float>(in); break;
+    case 2: merge_typed<float, rope::Float16, rope::BFloat16>(in); break;
+    case 3: merge_typed<rope::Float16, rope::Float16, rope::Float16>(in); break;
+    case 4: split_merge<float>(in); break;
+    default:
+      switch (in.u8() % 3) {
+        case 0: split_merge<rope::BFloat16>(in); break;
+        case 1: split_merge<rope::Float16>(in); break;
+        default: split_merge<std::int8_t>(in); break;
+      }
+      break;
+  }
+}
+
 }  // namespace rope_fuzz
 
 #else
@@ -1458,9 +2484,10 @@ void fuzz_linear(Bytes& in) {
 namespace rope_fuzz {
 void fuzz_softmax(Bytes&) {}
 void fuzz_linear(Bytes&) {}
-void fuzz_batch(Bytes&) {}
-void fuzz_write_slots(Bytes&) {}
-void fuzz_norm_rope_append(Bytes&) {}
+void fuzz_attend(Bytes&) {}
+void fuzz_append_kv(Bytes&) {}
+void fuzz_append(Bytes&) {}
+void fuzz_merge(Bytes&) {}
 }  // namespace rope_fuzz
 
 #endif

@@ -6,10 +6,12 @@
 //
 // Input layout: byte 0 picks the operation (frequencies, frequencies with a
 // scaling variant, the row kernel on float/double, apply/apply_qk on
-// float/double, and with rope::attention built, softmax and linear
-// attention, then softmax_batch, write_slots and norm_rope_append over
-// paged caches: fuzz_attention.cpp); the rest are read in order by Bytes
-// (missing bytes read as zero, so every input decodes to something).
+// float/double, and with rope::attention built, softmax (and one sequence's
+// step over a contiguous cache) and linear attention, then the serving path
+// over paged caches: plan with attend, plan with append (its K/V form and
+// its form with Q), and merge: fuzz_attention.cpp); the rest are read in
+// order by Bytes (missing bytes read as zero, so every input decodes to
+// something).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -575,9 +577,9 @@ void fuzz_apply(Bytes& in) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Bytes in(data, size);
-  // Selectors 0 .. 9 keep the meaning the corpus was written with (every
-  // seed there starts with a byte below 10).
-  switch (in.u8() % 11) {
+  // Selectors 0 .. 7 keep the meaning the corpus was written with; 8 .. 11
+  // are the serving path's (every seed there starts with a byte below 12).
+  switch (in.u8() % 12) {
     case 0: fuzz_frequencies(in); break;
     case 1: fuzz_scaling(in); break;
     case 2: fuzz_kernel<float>(in); break;
@@ -586,9 +588,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 5: fuzz_apply<double>(in); break;
     case 6: rope_fuzz::fuzz_softmax(in); break;
     case 7: rope_fuzz::fuzz_linear(in); break;
-    case 8: rope_fuzz::fuzz_batch(in); break;
-    case 9: rope_fuzz::fuzz_write_slots(in); break;
-    case 10: rope_fuzz::fuzz_norm_rope_append(in); break;
+    case 8: rope_fuzz::fuzz_attend(in); break;
+    case 9: rope_fuzz::fuzz_append_kv(in); break;
+    case 10: rope_fuzz::fuzz_append(in); break;
+    case 11: rope_fuzz::fuzz_merge(in); break;
   }
   return 0;
 }

@@ -78,10 +78,11 @@ class Bytes {
 
 // The attention decoders (fuzz_attention.cpp); without rope::attention they
 // return at once.
-void fuzz_softmax(Bytes& in);
-void fuzz_linear(Bytes& in);
-void fuzz_batch(Bytes& in);
-void fuzz_write_slots(Bytes& in);
-void fuzz_norm_rope_append(Bytes& in);
+void fuzz_softmax(Bytes& in);    // softmax over views; one sequence's step over a contiguous cache
+void fuzz_linear(Bytes& in);     // linear attention
+void fuzz_attend(Bytes& in);     // plan and attend over paged caches
+void fuzz_append_kv(Bytes& in);  // plan and append, the K/V form
+void fuzz_append(Bytes& in);     // plan and append with Q
+void fuzz_merge(Bytes& in);      // merge, and attend split in two and merged
 
 }  // namespace rope_fuzz
