@@ -396,9 +396,9 @@ TEST(AttentionPlan, OneSequencePlanOverAContiguousCache) {
 // More than the contiguous cache holds is refused by name, and like every
 // refused plan() it leaves the Plan holding no plan (plan.hpp: "A refused
 // call leaves p holding no plan"), also one that held a good plan before.
-// At 664db5b this fails: the one-sequence overload checks the capacity
-// before plan() marks the Plan empty, so attend runs the previous step's
-// plan (its positions, slots and items) after the refusal.
+// It failed until the one-sequence overload marked the Plan empty before
+// its capacity check: attend ran the previous step's plan (its positions,
+// slots and items) after the refusal.
 TEST(AttentionPlan, RefusedOneSequencePlanLeavesNoPlan) {
   const std::size_t capacity = 40, kv_heads = 2, d = 8, dv = 6;
   std::vector<float> k = rope_test::random_vector<float>(capacity * kv_heads * d, 5);

@@ -8,7 +8,7 @@
 //     and the merge; the sink given to one part only;
 //   - in place (out = out_a or out_b, lse = lse_a) the same bytes;
 //   - a part of lse -inf is left out whatever its row holds, NaN rows too;
-//     two such give zeros and -inf; a NaN lse gives NaN;
+//     two such give zeros and -inf; a NaN lse gives a NaN row and lse;
 //   - refusals name the argument and write nothing.
 #include <gtest/gtest.h>
 
@@ -209,7 +209,8 @@ TEST(AttentionState, MergeInPlaceGivesTheSameBytes) {
 // A part of lse -inf saw no key: left out whatever its row holds (NaN,
 // Inf, garbage), the other part's row and lse as they are; two such: a
 // zero row and -inf. A NaN lse gives NaN (row and lse) against a finite
-// one; against a part of -inf its lse stays NaN.
+// one and against a part of -inf alike: a state that is not one keeps
+// nothing of either row.
 TEST(AttentionState, EmptyPartsAreLeftOutAndNaNStaysNaN) {
   const std::size_t d = 6;
   const std::vector<float> row = {1.5f, -2.0f, 0.25f, 3.0f, -0.5f, 7.0f};
@@ -247,8 +248,10 @@ TEST(AttentionState, EmptyPartsAreLeftOutAndNaNStaysNaN) {
   }
   merge_one(row, kNaN, row, -kInfF, &out, &lse);
   EXPECT_TRUE(std::isnan(lse));
+  for (float x : out) EXPECT_TRUE(std::isnan(x));
   merge_one(row, -kInfF, row, kNaN, &out, &lse);
   EXPECT_TRUE(std::isnan(lse));
+  for (float x : out) EXPECT_TRUE(std::isnan(x));
 }
 
 // One sequence's keys split into a prefix [0, P) and a suffix [P, L), each

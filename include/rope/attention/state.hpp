@@ -14,7 +14,7 @@
 // the two states merged, the result divided once. A sink is a key of value
 // zero: give it to exactly one of the parts. A part that saw no key (lse =
 // -inf) is left out, whatever its row holds; two such give a zero row and
-// -inf. A NaN lse gives NaN.
+// -inf. A NaN lse (on either side) gives a NaN row and a NaN lse.
 #pragma once
 
 #include <cmath>
@@ -39,6 +39,11 @@ template <class A, class B, class O>
 void merge_row(const A* a, float lse_a, const B* b, float lse_b, std::size_t n, O* out, float* lse,
                float* acc) noexcept {
   const float neg_inf = -std::numeric_limits<float>::infinity();
+  if (std::isnan(lse_a) || std::isnan(lse_b)) {  // a state that is not one: nothing of it is kept
+    for (std::size_t c = 0; c < n; ++c) out[c] = O(std::numeric_limits<float>::quiet_NaN());
+    if (lse != nullptr) *lse = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
   if (lse_b == neg_inf || lse_a == neg_inf) {
     const bool take_a = lse_b == neg_inf;
     for (std::size_t c = 0; c < n; ++c) {
