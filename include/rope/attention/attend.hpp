@@ -39,6 +39,7 @@
 #include "../kernels/scores.hpp"
 #include "../tensor/view_checks.hpp"
 #include "cache.hpp"
+#include "cascade_attend.hpp"
 #include "dispatch_slots.hpp"
 #include "entry_points.hpp"
 #include "logits.hpp"
@@ -169,27 +170,40 @@ class AttendRun {
     std::copy(s.l, s.l + H, part + H * dv + H);
   }
 
-  // One token of several items: their partial states merged in item order
-  // (those the mask left empty skipped).
+  // One part of a cascade level: its members' partial states.
+  void level_item(std::size_t index, LevelScratch& s) const {
+    const LevelItem& it = work_.cascade.items[index];
+    const Level& level = work_.cascade.levels[it.level];
+    KvKeys<E> keys = keys_;
+    keys.pages = PlanAccess::pages_of(plan_, level.sequence);
+    attend_level<Q, E, Arch>(it, level.members, work_.cascade.members.data() + level.first_member, q_, keys, s,
+                             partials_);
+  }
+
+  // One token of several partial states: its cascade levels' parts, then
+  // its items', merged in that order (items the mask left empty skipped).
   void merge(std::size_t index, AttendScratch s) const noexcept {
     const TokenMerge& mg = work_.merges[index];
     const std::size_t H = p_.q_heads, dv = p_.dv;
-    bool sees = false;
+    bool sees = mg.levels > 0;
     for (std::size_t h = 0; h < H; ++h) {
       s.m[h] = -std::numeric_limits<float>::infinity();
       s.l[h] = 0.0f;
     }
     std::fill_n(s.acc, H * dv, 0.0f);
+    const auto take = [&](const float* part) noexcept {
+      for (std::size_t h = 0; h < H; ++h) {
+        rope::detail::merge_state(s.m[h], s.l[h], s.acc + h * dv, part[H * dv + h], part[H * dv + H + h], part + h * dv,
+                                  dv);
+      }
+    };
+    for (std::size_t k = 0; k < mg.levels; ++k) take(partial(work_.level_partials[mg.first_level + k]));
     for (std::size_t k = 0; k < mg.items; ++k) {
       std::size_t first = 0, count = 0;
       cut(mg.first_item + k, &first, &count);
       if (count == 0) continue;
       sees = true;
-      const float* part = partial(work_.items[mg.first_item + k].partial);
-      for (std::size_t h = 0; h < H; ++h) {
-        rope::detail::merge_state(s.m[h], s.l[h], s.acc + h * dv, part[H * dv + h], part[H * dv + H + h], part + h * dv,
-                                  dv);
-      }
+      take(partial(work_.items[mg.first_item + k].partial));
     }
     finish(mg.token, sees, s);
   }
@@ -225,7 +239,7 @@ void run_attend(const Plan& plan, const PagedCache<E>& cache, const View<const Q
   ws.partials.resize(work.partials * p.q_heads * (p.dv + 2));
   const std::size_t items = work.items.size();
   const std::size_t threads = std::max<std::size_t>(1, plan.threads().shares());
-  const std::size_t workers = std::max<std::size_t>(1, std::min(threads, items));
+  const std::size_t workers = std::max<std::size_t>(1, std::min(threads, items + work.cascade.items.size()));
   const std::size_t per = scratch_floats(p);
   ws.rows.resize(workers * per + rope::detail::kLineFloats);
   float* base = rope::detail::line_start(ws.rows);
@@ -234,14 +248,31 @@ void run_attend(const Plan& plan, const PagedCache<E>& cache, const View<const Q
   // Shares of about equal numbers of keys (and a few keys' worth per item,
   // its rows' setup): the parts of a long cache and a short one's keys are
   // not worth the same.
+  // Cascade level parts after the items: each worth its keys for each
+  // member.
+  const std::vector<LevelItem>& levels = work.cascade.items;
+  std::vector<LevelScratch> level_scratch(levels.empty() ? 0 : workers);
+  std::size_t most = 0;
+  for (const Level& level : work.cascade.levels) most = std::max(most, level.members);
+  for (LevelScratch& s : level_scratch) s.grow(most, p.q_heads, p.kv_heads, p.d, p.dv);
   rope::detail::parallel_for_costs(
-      items, threads, executor,
+      items + levels.size(), threads, executor,
       [&](std::size_t i) {
+        if (i >= items) {
+          const LevelItem& it = levels[i - items];
+          return it.keys * work.cascade.levels[it.level].members + kItemCost;
+        }
         std::size_t first = 0, count = 0;
         run.cut(i, &first, &count);
         return count + kItemCost;
       },
-      [&](std::size_t i, std::size_t w) { run.item(i, scratch_at(base + w * per, p)); });
+      [&](std::size_t i, std::size_t w) {
+        if (i >= items) {
+          run.level_item(i - items, level_scratch[w]);
+        } else {
+          run.item(i, scratch_at(base + w * per, p));
+        }
+      });
   rope::detail::parallel_for(work.merges.size(), threads, executor,
                              [&](std::size_t i, std::size_t w) { run.merge(i, scratch_at(base + w * per, p)); });
 }
@@ -301,6 +332,8 @@ void attend_call(const Plan& plan, const PagedCache<E>& cache, const View<const 
     PlanScratch& ws = PlanAccess::scratch(plan);
     sparse_lists(fn, plan, mask, ws);
     work = &ws.call_work;
+  } else if (mask.window == 0 && PlanAccess::cascade(plan) != nullptr) {
+    work = PlanAccess::cascade(plan);  // shape.cascade, levels found: every member sees all of them
   }
   detail::run_attend<Q, E, O, arch_of<Arch>>(plan, cache, q, out, lse, p, *work);
 }

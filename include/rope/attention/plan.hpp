@@ -42,6 +42,7 @@
 #include "../executor.hpp"
 #include "../tensor/checks.hpp"
 #include "cache.hpp"
+#include "cascade.hpp"
 #include "tree.hpp"
 
 namespace rope::attention {
@@ -57,6 +58,10 @@ struct Shape {
   std::size_t page_size = 0;
   std::size_t pages = 0;       // of each pool: every page id read is below it
   std::size_t kv_split = 512;  // keys per part of a decode token's split
+  // Decode tokens of sequences that share leading pages attend them once,
+  // together (cascade.hpp): rows then depend on which sequences share pages
+  // in the step, so it is asked for.
+  bool cascade = false;
 
   template <class E>
   static Shape of(const PagedCache<E>& cache, std::size_t q_heads) noexcept {
@@ -125,41 +130,52 @@ class Plan;
 
 namespace detail {
 
-// A token whose state is the merge of several items' partial states.
+// A token whose state is the merge of several partial states: those of
+// its cascade levels' parts (level_partials[first_level .. first_level +
+// levels)), then its items'.
 struct TokenMerge {
   std::size_t token, first_item, items;
+  std::size_t first_level = 0, levels = 0;
 };
 
-// Work items and the merges of tokens split over several of them.
+// Work items, the merges of tokens split over several of them, and the
+// cascade levels (cascade.hpp) whose parts some merges take.
 struct WorkLayout {
   std::vector<WorkItem> items;
   std::vector<TokenMerge> merges;
   std::size_t partials = 0;
+  CascadeLevels cascade;
+  std::vector<std::size_t> level_partials;
 
   void clear() noexcept {
     items.clear();
     merges.clear();
     partials = 0;
+    cascade.clear();
+    level_partials.clear();
   }
-  // Token t of `sequence` over `count` keys: one item, or (split) parts of
-  // `split` keys aligned at multiples of split, merged in order.
-  // With key_list, the keys are that list's entries (WorkItem::key_list).
+  // Token t of `sequence` over keys [from, count): one item, or (split)
+  // parts cut at multiples of `split`, merged in order after the partial
+  // states level_partials[first_level .. first_level + levels) (its
+  // cascade levels' parts). With key_list, the keys are that list's
+  // entries (WorkItem::key_list).
   void add(std::size_t sequence, std::size_t t, std::size_t count, std::size_t split, bool split_keys,
-           const std::int32_t* key_list = nullptr) {
+           const std::int32_t* key_list = nullptr, std::size_t from = 0, std::size_t first_level = 0,
+           std::size_t levels = 0) {
     const std::size_t first = items.size();
     if (split_keys) {
-      for (std::size_t k = 0; k < count;) {
+      for (std::size_t k = from; k < count;) {
         const std::size_t end = std::min(count, (k / split + 1) * split);
         items.push_back({sequence, t, k, end - k, WorkItem::kDirect, 1, key_list});
         k = end;
       }
     } else {
-      items.push_back({sequence, t, 0, count, WorkItem::kDirect, 1, key_list});
+      items.push_back({sequence, t, from, count - from, WorkItem::kDirect, 1, key_list});
     }
     // A token of no item (no keys) is a merge of none: a zero row.
     const std::size_t made = items.size() - first;
-    if (made != 1) {
-      merges.push_back({t, first, made});
+    if (made != 1 || levels > 0) {
+      merges.push_back({t, first, made, first_level, levels});
       for (std::size_t k = first; k < items.size(); ++k) items[k].partial = partials++;
     }
   }
@@ -207,6 +223,7 @@ class Plan {
   std::vector<std::int64_t> positions_, slots_;
   std::vector<std::size_t> token_sequence_;
   detail::WorkLayout work_;
+  detail::WorkLayout cascade_;  // shape.cascade: the layout with levels (cascade.hpp)
   // The first new token written into a page another sequence reads (append
   // refuses the step), or tokens(): none.
   std::size_t shared_write_ = 0;
@@ -233,6 +250,10 @@ struct PlanAccess {
   }
   static std::size_t sequence_of(const Plan& p, std::size_t t) noexcept { return p.token_sequence_[t]; }
   static const WorkLayout& work(const Plan& p) noexcept { return p.work_; }
+  // The layout with cascade levels, or null: none asked for or found.
+  static const WorkLayout* cascade(const Plan& p) noexcept {
+    return p.shape_.cascade && !p.cascade_.cascade.levels.empty() ? &p.cascade_ : nullptr;
+  }
   static std::size_t shared_write(const Plan& p) noexcept { return p.shared_write_; }
   static PlanScratch& scratch(const Plan& p) noexcept { return p.scratch_; }
   static bool tree(const Plan& p, std::size_t b) noexcept { return !p.tree_.empty() && p.tree_[b] != 0; }
@@ -344,9 +365,11 @@ inline void PlanAccess::derive_tokens(Plan& p, const Batch& batch) {
   }
 }
 
-// The items and merges of the step (see the header comment).
+// The items and merges of the step (see the header comment), and with
+// shape.cascade the layout with levels beside them.
 inline void PlanAccess::lay_out(Plan& p, const Batch& batch) {
   p.work_.clear();
+  p.cascade_.clear();
   // A tree token's keys, as a list the items point into: built first, so
   // that it holds still.
   std::vector<std::size_t> at;
@@ -362,17 +385,40 @@ inline void PlanAccess::lay_out(Plan& p, const Batch& batch) {
     }
   }
   at.push_back(p.tree_keys_.size());
+  const bool cascade = p.shape_.cascade;
+  if (cascade) {
+    CascadeSteps steps;
+    steps.q_starts = p.q_starts_.data();
+    steps.lengths = p.lengths_.data();
+    steps.table_at = p.table_at_.data();
+    steps.pages = p.pages_.data();
+    steps.tree = p.tree_.empty() ? nullptr : p.tree_.data();
+    steps.sequences = p.lengths_.size();
+    steps.page_size = p.shape_.page_size;
+    steps.split = p.shape_.kv_split;
+    find_levels(steps, p.cascade_.cascade, &p.cascade_.partials);
+  }
+  const std::size_t split = p.shape_.kv_split;
   std::size_t next = 0;
   for (std::size_t b = 0; b < p.lengths_.size(); ++b) {
     const std::int64_t n = p.q_starts_[b + 1] - p.q_starts_[b];
+    const auto len = static_cast<std::size_t>(p.lengths_[b]);
     for (std::int64_t i = 0; i < n; ++i) {
       const auto t = static_cast<std::size_t>(p.q_starts_[b] + i);
       if (tree(p, b)) {
-        p.work_.add(b, t, at[next + 1] - at[next], p.shape_.kv_split, false, p.tree_keys_.data() + at[next]);
+        const std::int32_t* keys = p.tree_keys_.data() + at[next];
+        p.work_.add(b, t, at[next + 1] - at[next], split, false, keys);
+        if (cascade) p.cascade_.add(b, t, at[next + 1] - at[next], split, false, keys);
         ++next;
         continue;
       }
-      p.work_.add(b, t, static_cast<std::size_t>(p.lengths_[b]), p.shape_.kv_split, n == 1);
+      p.work_.add(b, t, len, split, n == 1);
+      if (cascade) {
+        std::vector<std::size_t>& parts = p.cascade_.level_partials;
+        const std::size_t first = parts.size();
+        const std::size_t from = level_parts(p.cascade_.cascade, b, parts);
+        p.cascade_.add(b, t, len, split, n == 1, nullptr, from, first, parts.size() - first);
+      }
     }
   }
 }
@@ -418,6 +464,7 @@ inline void plan(Plan& p, const Shape& shape, const Batch& batch, const Threads&
 // (PagedCache::contiguous; shape.pages 1, shape.page_size its capacity):
 // `cached` keys before the step, `new_tokens` after them.
 inline void plan(Plan& p, const Shape& shape, std::size_t cached, std::size_t new_tokens, const Threads& threads = {}) {
+  detail::PlanAccess::begin(p);  // refused below: p holds no plan, as any refused plan() leaves it
   if (new_tokens > shape.page_size || cached > shape.page_size - new_tokens) {
     rope::detail::fail("rope::attention::plan", "cached + new_tokens",
                        {"<= the contiguous cache's capacity shape.page_size = ", shape.page_size}, cached + new_tokens);
