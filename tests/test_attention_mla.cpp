@@ -6,12 +6,16 @@
 // double:
 //   - every cache type (f32, bf16, f16, int8) over the rows it stores, read
 //     back, within the float bound mla_oracle.hpp derives; a mixed batch
-//     (decode tokens split into parts of kv_split 5, 7, 16 and 512, a
+//     (decode tokens split into parts of kv_split 5, 7, 16, 256 and 512, a
 //     prompt in several blocks of tokens, a chunk over more than one block of
 //     256 keys, a one-key sequence, one without new tokens), pages not in
 //     order; causal and not, a window, a softcap, sinks (one of them -inf),
 //     the log-sum-exp; the widths of DeepSeek V3's cache (512 + 64);
-//   - the same bytes for any thread count and executor;
+//   - the same bytes for any thread count and executor, and over a cache
+//     whose rows and pages have room between them (its padding untouched);
+//   - bf16 and f16 queries and outputs: the float call rounded once;
+//   - a NaN row reaches only the tokens that see it, also inside a block of
+//     a prompt's tokens, where earlier tokens mask it;
 //   - one sequence over a contiguous latent cache (the one-sequence plan):
 //     its decode steps write the cache a prompt of the same tokens writes,
 //     and their rows and the one-shot causal call's are each within the
@@ -27,7 +31,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <rope/attention.hpp>
