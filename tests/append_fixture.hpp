@@ -75,8 +75,20 @@ struct Layout {
   std::vector<std::int32_t> block_table;
   std::size_t stride = 0, page_size = kPageSize, pages = 0;
   std::vector<std::int64_t> positions, slots;  // per new token
+  // Tree verify (tree.hpp; empty: no trees): per new token its depth (-1
+  // outside a tree) and its row of one mask word.
+  std::vector<std::int32_t> tree_depths;
+  std::vector<std::uint64_t> tree_masks;
 
-  ra::Batch batch() const { return {q_starts.data(), lengths.data(), block_table.data(), stride, lengths.size()}; }
+  ra::Batch batch() const {
+    ra::Batch b{q_starts.data(), lengths.data(), block_table.data(), stride, lengths.size()};
+    if (!tree_depths.empty()) {
+      b.tree_depths = tree_depths.data();
+      b.tree_masks = tree_masks.data();
+      b.tree_mask_words = 1;
+    }
+    return b;
+  }
   std::size_t sequences() const { return lengths.size(); }
 };
 
@@ -117,6 +129,28 @@ inline Layout make_layout(const std::vector<Sequence>& seqs, std::size_t page_si
     }
   }
   return l;
+}
+
+// Sequence b of l made a tree (tree.hpp) of its new tokens: token i at
+// depth depths[i], seeing its parent's ancestors and itself (parents[i]:
+// the token it follows, -1 for a root); its position becomes cached +
+// depth, its slot stays that of key cached + i.
+inline void make_tree(Layout& l, std::size_t b, const std::vector<std::int32_t>& depths,
+                      const std::vector<int>& parents) {
+  const auto t0 = static_cast<std::size_t>(l.q_starts[b]);
+  const std::size_t n = depths.size();
+  const std::int64_t cached = l.lengths[b] - static_cast<std::int64_t>(n);
+  if (l.tree_depths.empty()) {
+    l.tree_depths.assign(l.positions.size(), -1);
+    l.tree_masks.assign(l.positions.size(), 0);
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    l.tree_depths[t0 + i] = depths[i];
+    std::uint64_t row = 0;
+    for (int j = static_cast<int>(i); j >= 0; j = parents[static_cast<std::size_t>(j)]) row |= std::uint64_t{1} << j;
+    l.tree_masks[t0 + i] = row;
+    l.positions[t0 + i] = cached + depths[i];
+  }
 }
 
 // The step of a case: one sequence with 3 keys cached, or a batch of a

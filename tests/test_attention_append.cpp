@@ -421,6 +421,40 @@ TEST(Append, ContiguousCacheIsAPoolOfOnePage) {
   expect_contiguous_is_one_page<I8>();
 }
 
+// Tree verify (tree.hpp): a tree token is rotated at cached + its depth
+// (siblings share a position) and written to the slot of key cached + its
+// index; in a batch with a decode sequence and a chunk of two siblings.
+TEST(Append, TreeTokensRotateAtTheirDepthIntoTheirOwnSlots) {
+  Case c;
+  c.batch = true;
+  c.tokens = 9;  // a chunk of 2 after 9 keys, a decode token, 6 new tokens from position 0
+  c.write_back = true;
+  const auto check = [&](auto in, auto q_out, auto e) {
+    using In = decltype(in);
+    using QO = decltype(q_out);
+    using E = decltype(e);
+    Fixture<In, QO, E> s(c);
+    const Layout plain = s.lay;
+    make_tree(s.lay, 0, {0, 0}, {-1, -1});
+    make_tree(s.lay, 3, {0, 1, 1, 2, 2, 2}, {-1, 0, 0, 1, 1, 2});
+    ASSERT_EQ(s.lay.positions[1], 9);  // both siblings at position 9
+    ASSERT_EQ(s.lay.positions[7], 2);
+    ASSERT_EQ(s.lay.slots, plain.slots);
+    ra::Plan p;
+    s.plan(p);
+    for (std::size_t t = 0; t < c.tokens; ++t) {
+      EXPECT_EQ(p.position(t), s.lay.positions[t]) << "token " << t;
+      EXPECT_EQ(p.slot(t), s.lay.slots[t]) << "token " << t;
+    }
+    EXPECT_TRUE(same_state(s.run(), s.expected())) << describe(c);
+  };
+  check(float{}, float{}, float{});
+  check(BFloat16{}, BFloat16{}, I8{});
+  c.norm = NormKind::whole;
+  c.style = Style::block_diagonal;
+  check(Float16{}, float{}, BFloat16{});
+}
+
 // eps at the ends of float's range (the largest float, the smallest
 // subnormal) is accepted and gives the unfused bits with that eps.
 TEST(Append, EpsAtTheEndsOfFloatsRangeIsAccepted) {

@@ -136,6 +136,15 @@ std::vector<Case> cases() {
   e.norm = NormKind::per_head;
   e.batch = true;
   out.push_back(e);
+  // Many values: a float result one ulp off rounds to another 16-bit value
+  // only near a rounding boundary (about 2^-12 of Float16 values, 2^-15 of
+  // BFloat16 ones), so a rotation rounded as another architecture rounds
+  // shows in the 16-bit rows only over tens of thousands of them.
+  Case f;
+  f.tokens = 160;
+  f.head_dim = 64;
+  f.batch = true;
+  out.push_back(f);
   return out;
 }
 

@@ -366,7 +366,7 @@ TEST(AppendRefuses, EpsThatIsNotAPositiveFiniteFloat) {
   Refusals<I8> r;
   for (const double eps : {1e300, 3.5e38, 1e-50}) {
     for (const unsigned form : {kFused, kKv}) {
-      SCOPED_TRACE("eps " + std::to_string(eps) + (form == kFused ? " fused" : " k/v"));
+      SCOPED_TRACE("eps " + ::testing::PrintToString(eps) + (form == kFused ? " fused" : " k/v"));
       const std::string m = r.message(form, [eps](Call<I8>& c) { c.o.eps = eps; });
       EXPECT_EQ(m.rfind(kFn + "options.eps must be finite and > 0, also in float, got ", 0), 0u) << m;
       // Only the K side's norm.
