@@ -325,6 +325,45 @@ TYPED_TEST(AttendCascade, WithinTheBoundOfTheOracleAndOfThePlainStep) {
   }
 }
 
+// Twenty sequences over one prefix: 80 rows of a head in one level part,
+// past the widest register tile of kernels/level_gemm.hpp.
+TYPED_TEST(AttendCascade, ManyMembersWithinTheBound) {
+  using E = TypeParam;
+  Pool<E> pool(8, 2, 64, 51);
+  Step step;
+  const std::size_t B = 20;
+  step.lengths.assign(B, 0);
+  step.table.assign(B * kStride, 0);
+  step.starts = {0};
+  for (std::size_t b = 0; b < B; ++b) {
+    step.lengths[b] = static_cast<std::int64_t>(12 + 1 + b % 7);  // 3 shared pages, then 1 .. 7 keys of its own
+    for (std::size_t i = 0; i < 3; ++i) step.table[b * kStride + i] = static_cast<std::int32_t>(i);
+    for (std::size_t i = 3; i < 5; ++i) step.table[b * kStride + i] = static_cast<std::int32_t>(3 + 2 * b + (i - 3));
+    step.starts.push_back(static_cast<std::int64_t>(b + 1));
+  }
+  const std::vector<float> q = random_q(B * 8 * 64, 52);
+  ra::Plan plain, cascade;
+  ra::plan(plain, shape_of(pool, false), step.batch());
+  ra::plan(cascade, shape_of(pool, true), step.batch());
+  ASSERT_NE(ra::detail::PlanAccess::cascade(cascade), nullptr);
+  ASSERT_EQ(ra::detail::PlanAccess::cascade(cascade)->cascade.levels[0].members, B);
+  const Rows p = attend_rows(plain, pool, q, {}), c = attend_rows(cascade, pool, q, {});
+  for (std::size_t t = 0; t < B; ++t) {
+    for (std::size_t h = 0; h < 8; ++h) {
+      std::vector<LD> want;
+      LD lse = 0;
+      double tol = 0, tol_lse = 0;
+      oracle_row(pool, plain, step, q, t, h, 1.0 / 8.0, 0.0, {}, &want, &lse, &tol, &tol_lse);
+      for (std::size_t x = 0; x < 64; ++x) {
+        ASSERT_LE(std::fabs(static_cast<double>(c.out[(t * 8 + h) * 64 + x] - want[x])), tol)
+            << "token " << t << " head " << h << " channel " << x;
+      }
+      ASSERT_LE(std::fabs(static_cast<double>(c.lse[t * 8 + h] - lse)), tol_lse);
+      ASSERT_LE(std::fabs(static_cast<double>(p.lse[t * 8 + h] - lse)), tol_lse);
+    }
+  }
+}
+
 TYPED_TEST(AttendCascade, OthersRowsAndOtherMasksAreThePlainBytes) {
   using E = TypeParam;
   Pool<E> pool(8, 2, 16, 21);
