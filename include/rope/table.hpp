@@ -89,7 +89,7 @@ class Table {
   // sin + m * row_stride (row_stride 0: rotary_dim/2, rows back to back; an
   // engine's [positions, rotary_dim] rows with both halves alike use
   // rotary_dim). For bit parity with an engine or a checkpoint that carries
-  // its own rows (llama2.c's freq_cis_real / freq_cis_imag); those values
+  // its own rows (a checkpoint's stored cos/sin tables); those values
   // are the caller's, outside the accuracy rope states for its own tables.
   // attention_factor() is 1 (a factor is part of the caller's values).
   // Refused: null rows, rotary_dim odd or 0, a row_stride below

@@ -1,5 +1,5 @@
 // rope/attention/shift.hpp — re-rotating cached keys: a context shift
-// (StreamingLLM, llama.cpp's K-shift). When tokens are dropped and the rest
+// (StreamingLLM's eviction, a K-shift). When tokens are dropped and the rest
 // move to lower positions, their keys, rotated at their old positions, are
 // rotated again by the move:
 //
