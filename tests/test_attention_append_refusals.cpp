@@ -313,6 +313,17 @@ std::vector<Entry<E>> refusals(Tables& tables, const Refusals<E>& r, const rope:
        "options.axis_positions[2][5]", "got -1"},
   };
   e.insert(e.end(), axes.begin(), axes.end());
+  if (scaled) {  // views over an int8 pool's scales
+    const std::vector<Entry<E>> over_scales = {
+        {"k over cache.k's scales", kBoth, [](C& c) { c.b.k.data = c.b.cache.k.scales; }, "k", "cache.k.scales apart"},
+        {"v over cache.v's scales", kBoth, [](C& c) { c.b.v.data = c.b.cache.v.scales; }, "v", "cache.v.scales apart"},
+        {"q_out over cache.v's scales", kFused, [](C& c) { c.b.q_out.data = c.b.cache.v.scales; }, "q_out",
+         "memory apart from cache.v"},
+        {"q over cache.k's scales", kFused, [](C& c) { c.b.q.data = c.b.cache.k.scales; }, "q",
+         "memory apart from cache.k"},
+    };
+    e.insert(e.end(), over_scales.begin(), over_scales.end());
+  }
   // eps: not a positive finite float.
   for (const double eps :
        {0.0, -1e-6, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
@@ -350,6 +361,23 @@ void check_every_refusal() {
           << "form " << form << " axes " << axes;
       EXPECT_FALSE(same_state(st, r.s.initial).operator bool()) << "the accepted call wrote nothing";
     }
+  }
+  // A table whose last row is sequence 2's last position (30) is accepted.
+  const rope::Table<float> fits(rope::frequencies(32, 10000.0), 31);
+  for (const unsigned form : {kFused, kKv}) {
+    State<float, float, E> st = r.s.initial;
+    const auto b = r.s.bind(st);
+    ra::AppendOptions o = r.s.options();
+    o.rotation = {&fits, Style::rotate_half};
+    if (form == kKv) o.q_norm = {};
+    ra::Plan p;
+    r.s.plan(p);
+    EXPECT_EQ(rope_test::thrown_message([&] {
+                form == kFused ? ra::append(p, b.cache, b.q, b.k, b.v, b.q_out, o)
+                               : ra::append(p, b.cache, b.k, b.v, o);
+              }),
+              "no exception")
+        << "a table of 31 rows, form " << form;
   }
   for (const Entry<E>& e : refusals<E>(tables, r, good, axis_positions)) r.expect(e);
 }
@@ -467,6 +495,12 @@ TEST(AppendRefuses, ANewTokensPageAnotherSequenceReadsWhichAttendAccepts) {
 // destroyed (Table::alive(); the table lived in a std::optional, whose
 // storage outlives it, so reading the mark is no use after free under
 // AddressSanitizer), and the same rotation given its pairing is accepted.
+// A Rotation of a table alone does not compile: the pairing is never defaulted.
+static_assert(!std::is_constructible<ra::Rotation<float>, const rope::Table<float>*>::value,
+              "Rotation{&table} without a style must not compile");
+static_assert(std::is_constructible<ra::Rotation<float>, const rope::Table<float>*, Style>::value,
+              "Rotation{&table, style} compiles");
+
 TEST(AppendRefuses, ARotationWithoutItsPairingOrWithADestroyedTable) {
   Refusals<float> r;
   for (const unsigned form : {kFused, kKv}) {
