@@ -374,7 +374,8 @@ TEST(MlaRefusals, OneSequencePlanPastTheCapacity) {
   std::vector<float> data(10 * 12);
   const auto cache = ra::LatentCache<float>::contiguous(data.data(), 10, 8, 4);
   const ra::Shape shape = ra::Shape::of(cache, 2);
-  for (const auto& [cached, fresh] : {std::pair<std::size_t, std::size_t>{10, 1}, {0, 11}, {5, 6}}) {
+  for (const auto& step : {std::pair<std::size_t, std::size_t>{10, 1}, {0, 11}, {5, 6}}) {
+    const std::size_t cached = step.first, fresh = step.second;
     ra::Plan p;
     const std::string m = rope_test::thrown_message([&] { ra::plan(p, shape, cached, fresh); });
     EXPECT_EQ(m.rfind("rope::attention::plan: cached + new_tokens must be ", 0), 0u) << m;
