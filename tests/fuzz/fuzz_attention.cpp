@@ -899,9 +899,10 @@ void check_written(const PoolData<E>& now, const PoolBefore<E>& was, const std::
 }
 
 // A step's shape as the caller may set it, from the cache's (Shape::of):
-// kv_split drawn, and sometimes a field broken (refused by plan()), or one
-// that plan() accepts but the cache does not fit (refused by append and
-// attend), or v_head_dim 0 (head_dim: fits only a cache with dv == d).
+// kv_split and cascade drawn, and sometimes a field broken (refused by
+// plan()), or one that plan() accepts but the cache does not fit (refused
+// by append and attend), or v_head_dim 0 (head_dim: fits only a cache with
+// dv == d).
 struct DrawnShape {
   ra::Shape shape;
   bool valid = true;  // plan() accepts it
@@ -927,6 +928,7 @@ DrawnShape draw_shape(Bytes& in, const ra::Shape& of) {
     case 10: s.page_size += 1; break;
     default: break;
   }
+  s.cascade = in.flag();
   d.valid = s.q_heads >= 1 && s.kv_heads >= 1 && s.q_heads % s.kv_heads == 0 && s.head_dim >= 1 && s.page_size >= 1 &&
             s.pages >= 1 && s.kv_split >= 1;
   d.fits = s.kv_heads == of.kv_heads && s.head_dim == of.head_dim && s.dv() == of.dv() && s.page_size == of.page_size &&
@@ -1191,12 +1193,14 @@ void check_attend_token(const std::string& where, const rope::View<const Q>& q, 
 // sequences (new tokens, lengths, block tables with ids outside the pool, a
 // page twice, shared prefixes), shapes and batches plan() refuses or that do
 // not fit the cache, a plan whose plan() failed, masks, logits (scale,
-// softcap, sinks), kv_split, threads or an executor, lse or not, and broken
+// softcap, sinks), kv_split, cascade levels of shared prefixes, threads or
+// an executor, lse or not, and broken
 // views (out or lse over q, out or the cache, pools with scales wrong or
 // overlapping pages). A refused call throws and writes nothing; an accepted
 // one leaves the pools and q as they were, writes out's rows (and lse) only,
-// is the same bytes with one thread and for each sequence planned alone, and
-// equals a long-double recomputation over the dequantized cache.
+// is the same bytes with one thread and (without cascade) for each sequence
+// planned alone, and equals a long-double recomputation over the dequantized
+// cache.
 template <class E, class Q, class O>
 void attend_typed(Bytes& in) {
   const std::size_t pages = 1 + in.u8() % 6, ps = 1 + in.u8() % 5, hk = 1 + in.u8() % 2, group = 1 + in.u8() % 3;
@@ -1347,8 +1351,9 @@ void attend_typed(Bytes& in) {
     ROPE_FUZZ_CHECK(same_bytes(out, out1), where + ": not the same bytes with one thread");
     if (with_lse) ROPE_FUZZ_CHECK(same_bytes(lse, lse1), where + ": not the same lse with one thread");
   }
-  // A sequence's rows are the same bytes in any batch: planned alone.
-  if (b.sequences > 0) {
+  // A sequence's rows are the same bytes in any batch: planned alone (not
+  // with cascade levels, whose rows depend on which sequences share pages).
+  if (b.sequences > 0 && !shape.shape.cascade) {
     const std::size_t s = in.u8() % b.sequences;
     const std::int64_t n = b.n[s], first = b.start(s);
     if (n > 0) {
@@ -2088,7 +2093,8 @@ float draw_lse(Bytes& in) {
 
 // merge of two partial states (out_a of A, out_b of B into out of O):
 // rows with lse finite, -inf (left out whatever the row holds; both: a zero
-// row and -inf), NaN (NaN) or +inf (not asserted on); out in place over
+// row and -inf), NaN on either side (a NaN row and lse) or +inf (not
+// asserted on); out in place over
 // out_a, lse over lse_a or lse_b; shapes that differ, a null lse input, out
 // overlapping an input or lse overlapping out or an input partially. A
 // refused call writes nothing; an accepted one equals the long-double merge
@@ -2215,6 +2221,11 @@ void merge_typed(Bytes& in) {
         rb[c] = widen(b_before[row * dim + c]);
       }
       if (x == std::numeric_limits<LD>::infinity() || y == std::numeric_limits<LD>::infinity()) continue;
+      if (std::isnan(x) || std::isnan(y)) {  // on either side, even against an empty part
+        for (std::size_t c = 0; c < dim; ++c) ROPE_FUZZ_CHECK(std::isnan(widen(got[c])), at + ": a NaN lse");
+        if (got_lse != nullptr) ROPE_FUZZ_CHECK(std::isnan(*got_lse), at + ": a NaN lse's lse");
+        continue;
+      }
       if (x == neg_inf && y == neg_inf) {
         for (std::size_t c = 0; c < dim; ++c) ROPE_FUZZ_CHECK(widen(got[c]) == 0, at + ": two empty parts");
         if (got_lse != nullptr) ROPE_FUZZ_CHECK(LD(*got_lse) == neg_inf, at + ": the lse of two empty parts");
@@ -2230,16 +2241,7 @@ void merge_typed(Bytes& in) {
             ROPE_FUZZ_CHECK(std::fabs(g - keep[c]) <= output_rounding<O>(keep[c]), at + ": the kept part");
           }
         }
-        if (got_lse != nullptr) {
-          const LD want = x == neg_inf ? y : x;
-          ROPE_FUZZ_CHECK(LD(*got_lse) == want || (std::isnan(want) && std::isnan(*got_lse)),
-                          at + ": the kept part's lse");
-        }
-        continue;
-      }
-      if (std::isnan(x) || std::isnan(y)) {
-        for (std::size_t c = 0; c < dim; ++c) ROPE_FUZZ_CHECK(std::isnan(widen(got[c])), at + ": a NaN lse");
-        if (got_lse != nullptr) ROPE_FUZZ_CHECK(std::isnan(*got_lse), at + ": a NaN lse's lse");
+        if (got_lse != nullptr) ROPE_FUZZ_CHECK(LD(*got_lse) == (x == neg_inf ? y : x), at + ": the kept part's lse");
         continue;
       }
       // Both finite: weights exp(l - M) off by u |l - M| + a few u each; the
