@@ -536,4 +536,40 @@ TEST(AppendRefuses, ARotationWithoutItsPairingOrWithADestroyedTable) {
   }
 }
 
+// A tree token sits at cached + depth, not at its index: a table too short
+// for its position names its depth (and a table that holds the deepest
+// position is enough, though the sequence's length is more).
+TEST(AppendRefusals, TreeTokenPastTheTableNamesItsDepth) {
+  namespace ra = rope::attention;
+  std::vector<float> k(4 * 8 * 2 * 8), v(k.size());
+  ra::PagedCache<float> cache{ra::PagePool<float>::nhd(k.data(), 4, 8, 2, 8),
+                              ra::PagePool<float>::nhd(v.data(), 4, 8, 2, 8)};
+  const std::int64_t starts[2] = {0, 4}, length = 6;  // 2 cached, then a tree of 4 at depths 0, 1, 2, 2
+  const std::int32_t table_row[4] = {0, 1, 2, 3}, depths[4] = {0, 1, 2, 2};
+  const std::uint64_t masks[4] = {1, 3, 7, 11};
+  ra::Batch batch{starts, &length, table_row, 4, 1};
+  batch.tree_depths = depths;
+  batch.tree_masks = masks;
+  batch.tree_mask_words = 1;
+  ra::Plan plan;
+  ra::plan(plan, ra::Shape::of(cache, 4), batch);
+  std::vector<float> rows(4 * 2 * 8, 0.5f);
+  const auto view = View<const float>::token_major(rows.data(), 4, 2, 8);
+  for (const std::size_t positions : {4, 5}) {
+    const rope::Table<float> angles(rope::frequencies(8, 10000.0), positions);
+    ra::AppendOptions o;
+    o.rotation = {&angles, rope::Style::rotate_half};
+    const std::vector<float> before = k;
+    const std::string got = rope_test::thrown_message([&] { ra::append(plan, cache, view, view, o); });
+    if (positions == 4) {
+      EXPECT_EQ(got,
+                "rope::attention::append: batch.tree_depths[2] must be < options.rotation.table->positions() - 2 "
+                "= 2 (its position is 2 + depth), got 2");
+      EXPECT_EQ(k, before);
+    } else {
+      EXPECT_EQ(got, "no exception");
+    }
+  }
+}
+
 }  // namespace

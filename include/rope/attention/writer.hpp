@@ -128,35 +128,5 @@ bool streams(rope::Stores stores, std::size_t tokens, const View<const In>& k, c
   return tokens * per_token >= kStreamedCacheBytes;
 }
 
-// Rows of a view of new keys or values (tokens x heads x head_dim) checked
-// against a pool: same heads and head_dim, and apart from it, unless every
-// row of the view already is the row of its own slot (the projection wrote
-// into the cache: the write leaves it as it is, or rotates it in place).
-template <class In, class E>
-void check_new_rows(const char* fn, const char* name, const View<const In>& x, const char* pool_name,
-                    const PagePool<E>& p, const std::int64_t* slots) {
-  rope::detail::check_view(fn, name, x);
-  if (x.heads != p.heads) fail(fn, {name, ".heads"}, {pool_name, ".heads = ", p.heads}, x.heads);
-  if (x.head_dim != p.head_dim) {
-    fail(fn, {name, ".head_dim"}, {pool_name, ".head_dim = ", p.head_dim}, x.head_dim);
-  }
-  const std::size_t span = view_span(x);
-  if (p.scales != nullptr && bytes_overlap(x.data, span, p.scales, p.slots() * p.heads)) {
-    fail(fn, name, {pool_name, ".scales apart"}, "overlapping");
-  }
-  if (!bytes_overlap(x.data, span, p.data, pool_span(p))) return;
-  bool in_place = std::is_same<In, E>::value;
-  for (std::size_t t = 0; t < x.tokens && in_place; ++t) {
-    for (std::size_t h = 0; h < x.heads && in_place; ++h) {
-      in_place = slots[t] >= 0 && static_cast<const void*>(x.row(t, h)) ==
-                                      static_cast<const void*>(p.row(static_cast<std::size_t>(slots[t]), h));
-    }
-  }
-  if (!in_place) {
-    fail(fn, name, {"apart from ", pool_name, ", or each row the row of its own slot (already in the cache)"},
-         "overlapping");
-  }
-}
-
 }  // namespace detail
 }  // namespace rope::attention
