@@ -57,6 +57,7 @@ struct AttendParams {
   LogitParams<float> logits;
   Mask mask;
   std::size_t chunk = kAttendMaxChunk;  // min(kv_split, kAttendMaxChunk): keys per chunk of scores
+  Products products = Products::exact;
 };
 
 // The per-worker rows of an attend call.
@@ -124,6 +125,7 @@ class AttendRun {
     keys_.chunk = p.chunk;
     keys_.scale = p.logits.scale;
     keys_.softcap = p.logits.softcap;
+    keys_.products = p.products;
   }
 
   // Item i's keys cut to what its token sees: [first, first + count) (a
@@ -231,6 +233,28 @@ class AttendRun {
   KvKeys<E> keys_;
 };
 
+template <class E>
+const char* kv_type_name() noexcept {
+  if (std::is_same<E, float>::value) return "a float cache";
+  if (std::is_same<E, BFloat16>::value) return "a bf16 cache";
+  if (std::is_same<E, Float16>::value) return "an f16 cache";
+  return "an int8 cache";
+}
+
+// A product mode the cache's type has (rope/products.hpp).
+template <class E>
+Products check_products(const char* fn, Products mode) {
+  if (mode == Products::bf16 && !std::is_same<E, BFloat16>::value) {
+    fail(fn, "shape.products", "Products::bf16 with a bf16 cache (its keys are the products' bf16 factors)",
+         kv_type_name<E>());
+  }
+  if (mode == Products::int8 && !std::is_same<E, std::int8_t>::value) {
+    fail(fn, "shape.products", "Products::int8 with an int8 cache (its keys are the products' integer factors)",
+         kv_type_name<E>());
+  }
+  return mode;
+}
+
 // The attention of a checked call.
 template <class Q, class E, class O, class Arch>
 void run_attend(const Plan& plan, const PagedCache<E>& cache, const View<const Q>& q, const View<O>& out, float* lse,
@@ -326,6 +350,7 @@ void attend_call(const Plan& plan, const PagedCache<E>& cache, const View<const 
   p.logits = detail::check_logits<float>(fn, "logits", logits, s.q_heads, s.head_dim);
   p.mask = mask;
   p.chunk = std::min<std::size_t>(s.kv_split, kAttendMaxChunk);
+  p.products = detail::check_products<E>(fn, s.products);
   check_tree_mask(fn, plan, mask);
   const WorkLayout* work = &PlanAccess::work(plan);
   if (mask.indices != nullptr) {

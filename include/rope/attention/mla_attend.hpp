@@ -351,6 +351,10 @@ void attend(const Plan& plan, const LatentCache<E>& cache, const View<LV>& q_lat
   if (!logits.scale) {
     detail::fail(fn, "logits.scale", "set for MLA: the model's softmax scale (rope::hf::ModelRope::mla)", "empty");
   }
+  if (plan.shape().products != Products::exact) {
+    detail::fail(fn, "shape.products", "Products::exact for a latent cache (MLA's products are float GEMMs)",
+                 plan.shape().products == Products::bf16 ? "Products::bf16" : "Products::int8");
+  }
   detail::MlaParams p;
   p.heads = heads;
   p.latent = cache.latent_dim;

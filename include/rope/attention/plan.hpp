@@ -40,6 +40,7 @@
 
 #include "../detail/error.hpp"
 #include "../executor.hpp"
+#include "../products.hpp"
 #include "../tensor/checks.hpp"
 #include "cache.hpp"
 #include "cascade.hpp"
@@ -62,6 +63,9 @@ struct Shape {
   // together (cascade.hpp): rows then depend on which sequences share pages
   // in the step, so it is asked for.
   bool cascade = false;
+  // How the decode loop multiplies q by the keys (rope/products.hpp): exact,
+  // or bf16 products for a bf16 cache, int8 products for an int8 one.
+  Products products = Products::exact;
 
   template <class E>
   static Shape of(const PagedCache<E>& cache, std::size_t q_heads) noexcept {

@@ -25,6 +25,7 @@
 #include "../detail/xsimd.hpp"
 #include "kv_dot.hpp"
 #include "kv_planes.hpp"
+#include "kv_products.hpp"
 #include "scores.hpp"
 
 namespace rope {
@@ -53,6 +54,9 @@ struct KvKeys {
   // the sequence's key key_list[j] (a list the caller sorted and checked),
   // not j itself.
   const std::int32_t* key_list = nullptr;
+  // How q meets the keys (kv_products.hpp): bf16 for a BFloat16 cache and
+  // int8 for an int8 one, else exact.
+  Products products = Products::exact;
 };
 
 // The most keys per chunk of attend_keys.
@@ -86,8 +90,15 @@ constexpr std::size_t kAttendValueTokens = 8;
 // are multiples of the lanes. Any alignment gives the same bits; with work
 // 48 bytes past a line, a bf16 step over a cache in L2 (32/8 heads, d 128)
 // took about 25% longer here.
+// The query part holds the rows as a product mode packs them where that
+// is more (heads under 32 channels).
+constexpr std::size_t attend_query_floats(std::size_t q_heads, std::size_t d) noexcept {
+  const std::size_t bf16 = q_heads * ((d + 31) / 32 * 32) / 2, int8 = q_heads * ((d + 63) / 64 * 16 + 2);
+  const std::size_t most = bf16 > int8 ? bf16 : int8;
+  return detail::line_floats(q_heads * d > most ? q_heads * d : most);
+}
 constexpr std::size_t attend_work(std::size_t q_heads, std::size_t d, std::size_t dv, std::size_t chunk) noexcept {
-  return detail::line_floats(q_heads * d) + detail::line_floats(q_heads * chunk) + detail::line_floats(q_heads * dv);
+  return attend_query_floats(q_heads, d) + detail::line_floats(q_heads * chunk) + detail::line_floats(q_heads * dv);
 }
 
 namespace detail {
@@ -128,18 +139,47 @@ struct ChunkRows {
   }
 };
 
+// One key token's scores of every query row in the product mode M (q as
+// attend_keys_as packs it), row h's at scores[h * S]; the rows of k_ask
+// and v_ask (null: none) asked for meanwhile, every head's.
+template <class E, class Arch, Products M>
+ROPE_ALWAYS_INLINE void score_products(const KvKeys<E>& a, const float* qp, const E* key, std::size_t slot,
+                                       float* scores, std::size_t S, const E* k_ask, const E* v_ask) noexcept {
+  const std::size_t H = a.q_heads, Hk = a.kv_heads, G = H / Hk, d = a.d;
+  for (std::size_t g = 0; g < Hk; ++g) {
+    if (k_ask != nullptr) prefetch_l2(k_ask + g * a.k_head_stride, d * sizeof(E));
+    if (v_ask != nullptr) prefetch_l2(v_ask + g * a.v_head_stride, a.dv * sizeof(E));
+  }
+  for (std::size_t g = 0; g < Hk; ++g) {
+    const E* k = key + g * a.k_head_stride;
+    if constexpr (M == Products::bf16) {
+      const std::size_t row = bf16_row(d);
+      const auto* q = reinterpret_cast<const std::uint16_t*>(qp) + g * G * row;
+      bf16_scores<Arch>(q, row, G, k, d, scores + g * G * S, S, a.scale);
+    } else {
+      const std::size_t row = int8_row(d);
+      const auto* q = reinterpret_cast<const std::int8_t*>(qp);
+      const auto* q_scales = reinterpret_cast<const float*>(q + H * row);
+      const auto* q_sums = reinterpret_cast<const std::int32_t*>(q_scales + H);
+      int8_scores<Arch>(q + g * G * row, row, G, q_scales + g * G, q_sums + g * G, k, d, scores + g * G * S, S,
+                        a.scale * a.k_scales[slot * Hk + g]);
+    }
+  }
+}
+
 // attend_keys' chunks, for R query heads per key/value head and D channels
 // of keys and values known at compile time (the dot products inline in the
 // token loop, every loop over channels unrolled), or R = D = 0 for any.
 // The same arithmetic in the same order either way: the same bits.
-template <std::size_t R, std::size_t D, class E, class Arch>
+template <std::size_t R, std::size_t D, class E, class Arch, Products M = Products::exact>
 void attend_chunks(const KvKeys<E>& a, const float* qp, float* scores, float* ap, float* m, float* l) noexcept {
   static_assert((R > 0) == (D > 0), "a compiled shape has both, the loops for any shape neither");
   const std::size_t H = a.q_heads, Hk = a.kv_heads, G = R > 0 ? R : H / Hk, d = D > 0 ? D : a.d, dv = D > 0 ? D : a.dv,
                     S = a.chunk;
   const std::size_t end = a.first_key + a.keys;
-  // Keys scored at once: two in the compiled shapes where they fit.
-  constexpr std::size_t KK = R > 0 ? kv_keys_at_once<R, E, Arch>() : 1;
+  // Keys scored at once: two in the compiled shapes where they fit (one in
+  // a product mode).
+  constexpr std::size_t KK = R > 0 && M == Products::exact ? kv_keys_at_once<R, E, Arch>() : 1;
   constexpr std::size_t V = kAttendValueTokens;
   // This chunk's rows and the next one's, whose first tokens are asked for
   // while the last of this one are worked on.
@@ -174,6 +214,11 @@ void attend_chunks(const KvKeys<E>& a, const float* qp, float* scores, float* ap
           prefetch_l2(a.k_scales + (in ? rows.slots[j] : next.slots[j - count]) * Hk, Hk * sizeof(float));
         }
         if (a.v_scales != nullptr) prefetch_l2(a.v_scales + rows.slots[t] * Hk, Hk * sizeof(float));
+      }
+      if constexpr (M != Products::exact) {
+        score_products<E, Arch, M>(a, qp, rows.k[i], rows.slots[i], scores + i, S, k_ask[0], v_ask[0]);
+        i += N;
+        return;
       }
       std::size_t pu = 0, ph = 0;  // the token and head asked for next
       for (std::size_t g = 0; g < Hk; ++g) {
@@ -272,17 +317,45 @@ using AttendChunks = void (*)(const KvKeys<E>&, const float*, float*, float*, fl
 // shape (batch_decode, bf16, a cache in L2), and cost about half a second
 // more compile time each for every instruction set a program builds
 // attention for.
-template <class E, class Arch>
+template <class E, class Arch, Products M = Products::exact>
 AttendChunks<E, Arch> attend_shape(std::size_t G, std::size_t d, std::size_t dv) noexcept {
   constexpr std::size_t most = kv_max_rows<E, Arch>();
   if (d != 128 || dv != 128) return nullptr;
   if constexpr (most >= 4) {
-    if (G == 4) return &attend_chunks<4, 128, E, Arch>;
+    if (G == 4) return &attend_chunks<4, 128, E, Arch, M>;
   }
   if constexpr (most >= 8) {
-    if (G == 8) return &attend_chunks<8, 128, E, Arch>;
+    if (G == 8) return &attend_chunks<8, 128, E, Arch, M>;
   }
   return nullptr;
+}
+
+// attend_keys_as in a product mode: q packed as the mode reads it
+// (kv_products.hpp), then the chunks, their values weighed exactly.
+template <class E, class Arch, Products M>
+void attend_keys_products(const KvKeys<E>& a, const float* q, float* work, float* m, float* l, float* acc,
+                          bool shaped) noexcept {
+  const std::size_t H = a.q_heads, d = a.d, dv = a.dv;
+  float* qp = work;
+  float* scores = qp + attend_query_floats(H, d);
+  float* ap = scores + line_floats(H * a.chunk);
+  if constexpr (M == Products::bf16) {
+    for (std::size_t h = 0; h < H; ++h) bf16_query(q + h * d, d, reinterpret_cast<std::uint16_t*>(qp) + h * bf16_row(d));
+  } else {
+    auto* bytes = reinterpret_cast<std::int8_t*>(qp);
+    auto* q_scales = reinterpret_cast<float*>(bytes + H * int8_row(d));
+    auto* q_sums = reinterpret_cast<std::int32_t*>(q_scales + H);
+    for (std::size_t h = 0; h < H; ++h) int8_query(q + h * d, d, bytes + h * int8_row(d), q_scales + h, q_sums + h);
+  }
+  for (std::size_t h = 0; h < H; ++h) {
+    m[h] = -std::numeric_limits<float>::infinity();
+    l[h] = 0.0f;
+  }
+  for (std::size_t c = 0; c < H * dv; ++c) ap[c] = 0.0f;
+  AttendChunks<E, Arch> chunks = shaped ? attend_shape<E, Arch, M>(H / a.kv_heads, d, dv) : nullptr;
+  if (chunks == nullptr) chunks = &attend_chunks<0, 0, E, Arch, M>;
+  chunks(a, qp, scores, ap, m, l);
+  for (std::size_t h = 0; h < H; ++h) unpermute_row<E, Arch>(ap + h * dv, dv, acc + h * dv);
 }
 
 // attend_keys through the chunks compiled for its shape where there are
@@ -290,9 +363,15 @@ AttendChunks<E, Arch> attend_shape(std::size_t G, std::size_t d, std::size_t dv)
 template <class E, class Arch>
 void attend_keys_as(const KvKeys<E>& a, const float* q, float* work, float* m, float* l, float* acc,
                     bool shaped) noexcept {
+  if constexpr (std::is_same<E, BFloat16>::value) {
+    if (a.products == Products::bf16) return attend_keys_products<E, Arch, Products::bf16>(a, q, work, m, l, acc, shaped);
+  }
+  if constexpr (std::is_same<E, std::int8_t>::value) {
+    if (a.products == Products::int8) return attend_keys_products<E, Arch, Products::int8>(a, q, work, m, l, acc, shaped);
+  }
   const std::size_t H = a.q_heads, d = a.d, dv = a.dv;
   float* qp = work;
-  float* scores = qp + line_floats(H * d);
+  float* scores = qp + attend_query_floats(H, d);
   float* ap = scores + line_floats(H * a.chunk);
   for (std::size_t h = 0; h < H; ++h) {
     permute_row<E, Arch>(q + h * d, d, qp + h * d);

@@ -1,0 +1,299 @@
+// rope/kernels/kv_products.hpp — the decode loop's scores in the opt-in
+// product modes (Products), beside the exact float products of kv_dot.hpp.
+//
+//   exact  every product a float fused multiply-add over widened values
+//   bf16   bf16 caches: q rounded to bf16 once per call, each score the
+//          AVX512-BF16 dot product of q and the stored key (vdpbf16ps)
+//   int8   int8 caches: q quantized per (token, head) row with its own
+//          scale, each score an integer dot product (AVX512-VNNI vpdpbusd)
+//          times the two scales
+//
+// Both modes are defined by their arithmetic, not by an instruction, so a
+// score has the same bits on every instruction set and CPU:
+//
+//   bf16   16 lanes; lane i takes, for each block of 32 channels from 0,
+//          the product of channels 2i + 1, then of 2i:
+//            s_i <- ftz(round(s_i + q_c k_c)),
+//          the product exact, the sum rounded once to float, then flushed
+//          to a zero of its sign below 2^-126 (ftz; q and k read so too),
+//          channels past d read as +0; then the lanes added in the tree
+//          ((s0 + s1) + (s2 + s3)) + ..., then times the scale. That is what
+//          vdpbf16ps does, measured bit for bit on an Intel Sapphire Rapids
+//          (tests/test_kernels_kv_products.cpp asks the CPU it runs on);
+//          where the CPU lacks it the same steps run lane by lane.
+//   int8   q_c = round_half_even(x_c / s), s = max_c |x_c| / 127 (a row of
+//          zeros: s = 0, q = 0; a row with a NaN or an infinity: every
+//          score NaN); sum_c q_c k_c in 32-bit integers, exact (|sum| <= d
+//          * 127 * 128); score = (float(sum) * s) * (scale * k_scale). On
+//          AVX512-VNNI as vpdpbusd over (k + 128) as unsigned bytes, less 128
+//          sum_c q_c; elsewhere in integers: the same sum either way.
+//
+// The instructions are written as inline assembly that the assemblers of
+// every toolchain rope supports take without -mavx512bf16 or -mavx512vnni,
+// in AVX-512BW code, picked at run time by a cached CPUID bit (as
+// detail/half_lanes.hpp picks vcvtne2ps2bf16).
+#pragma once
+
+#include <cfloat>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
+
+#include "../detail/half_lanes.hpp"
+#include "../detail/inline.hpp"
+#include "../detail/simd.hpp"
+#include "../detail/xsimd.hpp"
+#include "../half.hpp"
+#include "../products.hpp"
+
+namespace rope {
+namespace detail {
+
+constexpr std::size_t kBf16Block = 32;  // channels per block of the bf16 mode
+constexpr std::size_t kBf16Lanes = 16;
+constexpr std::size_t kInt8Block = 64;  // bytes per block of the int8 mode
+
+inline std::size_t bf16_row(std::size_t d) noexcept { return (d + kBf16Block - 1) / kBf16Block * kBf16Block; }
+inline std::size_t int8_row(std::size_t d) noexcept { return (d + kInt8Block - 1) / kInt8Block * kInt8Block; }
+
+// Whether the running CPU has AVX512-VNNI (CPUID leaf 7, ECX bit 11), asked
+// once.
+template <class Arch>
+bool avx512_vnni_runs() noexcept {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool runs = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_max(0, nullptr) < 7) return false;
+    __cpuid_count(7, 0, a, b, c, d);
+    return (c & (1u << 11)) != 0;
+  }();
+  return runs;
+#else
+  return false;
+#endif
+}
+
+// Whether the mode's instruction may be used (tests turn it off to hold the
+// float and integer lanes to the instruction's bits on one machine).
+inline bool& products_hardware_allowed() noexcept {
+  static bool allowed = true;
+  return allowed;
+}
+
+// x flushed to a zero of its sign below 2^-126 (NaN and infinities kept).
+inline float flush(float x) noexcept { return std::fabs(x) < FLT_MIN ? std::copysign(0.0f, x) : x; }
+
+// The lanes' tree of the bf16 mode.
+inline float bf16_tree(const float* s) noexcept {
+  float t[kBf16Lanes];
+  for (std::size_t i = 0; i < kBf16Lanes; ++i) t[i] = s[i];
+  for (std::size_t w = 1; w < kBf16Lanes; w *= 2) {
+    for (std::size_t i = 0; i < kBf16Lanes; i += 2 * w) t[i] = t[i] + t[i + w];
+  }
+  return t[0];
+}
+
+// A row of d floats as the bf16 mode's q: rounded to nearest even, a
+// subnormal result flushed to a zero of its sign, padded with +0 to a
+// whole block.
+inline void bf16_query(const float* x, std::size_t d, std::uint16_t* out) noexcept {
+  for (std::size_t c = 0; c < d; ++c) {
+    std::uint16_t b = float_to_bfloat16_bits(x[c]);
+    if ((b & 0x7f80u) == 0) b &= 0x8000u;  // zero or subnormal: a zero of its sign
+    out[c] = b;
+  }
+  for (std::size_t c = d; c < bf16_row(d); ++c) out[c] = 0;
+}
+
+// The 16 lane sums of the bf16 mode for one row q (bf16_row(d) values)
+// against one key of d stored values, lane by lane: each product exact in
+// double (two 8-bit significands), each sum rounded once to float (through
+// double: exact, or so far below the float's half ulp that the double's own
+// rounding cannot reach a float tie), then flushed.
+inline void bf16_lanes(const std::uint16_t* q, const BFloat16* key, std::size_t d, float* lanes) noexcept {
+  for (std::size_t i = 0; i < kBf16Lanes; ++i) lanes[i] = 0.0f;
+  const auto* k = reinterpret_cast<const std::uint16_t*>(key);
+  for (std::size_t base = 0; base < d; base += kBf16Block) {
+    for (std::size_t i = 0; i < kBf16Lanes; ++i) {
+      const std::size_t e = base + 2 * i, o = e + 1;
+      const double pe = e < d ? static_cast<double>(bfloat16_bits_to_float(q[e])) * flush(bfloat16_bits_to_float(k[e])) : 0.0;
+      const double po = o < d ? static_cast<double>(bfloat16_bits_to_float(q[o])) * flush(bfloat16_bits_to_float(k[o])) : 0.0;
+      const float s = flush(static_cast<float>(static_cast<double>(lanes[i]) + po));
+      lanes[i] = flush(static_cast<float>(static_cast<double>(s) + pe));
+    }
+  }
+}
+
+// The same sums by vdpbf16ps (AVX-512BW code on a CPU with AVX512-BF16).
+template <class Arch>
+constexpr bool kBf16DotArch = kBFloat16HardwareArch<Arch>;
+
+#if defined(__x86_64__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__GNUC__)
+// The same sums by vdpbf16ps for n <= 4 rows, each key block loaded once,
+// then their trees (fold_sums adds the lanes in that tree) times scale.
+template <class Arch>
+ROPE_ALWAYS_INLINE void bf16_scores_vdpbf16ps(const std::uint16_t* q, std::size_t q_stride, std::size_t n,
+                                              const BFloat16* key, std::size_t d, float* out, std::size_t stride,
+                                              float scale) noexcept {
+  using F = xsimd::batch<float, Arch>;
+  __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  const auto* k = reinterpret_cast<const std::uint16_t*>(key);
+  for (std::size_t base = 0; base < d; base += kBf16Block) {
+    const std::size_t left = d - base < kBf16Block ? d - base : kBf16Block;
+    const __m512i kv = _mm512_maskz_loadu_epi16(static_cast<__mmask32>(left == 32 ? ~0u : (1u << left) - 1u), k + base);
+    for (std::size_t r = 0; r < n; ++r) {
+      const __m512i qv = _mm512_loadu_si512(q + r * q_stride + base);
+      __asm__("vdpbf16ps %2, %1, %0" : "+v"(s[r]) : "v"(qv), "v"(kv));
+    }
+  }
+  alignas(64) float lanes[kBf16Lanes];
+  if (n == 4) {
+    const F sums[4] = {F(s[0]), F(s[1]), F(s[2]), F(s[3])};
+    (fold_sums<4, Arch>(sums) * F(scale)).store_aligned(lanes);
+    for (std::size_t r = 0; r < 4; ++r) out[r * stride] = lanes[r];
+    return;
+  }
+  for (std::size_t r = 0; r < n; ++r) {
+    const F sum(s[r]);
+    (fold_sums<1, Arch>(&sum) * F(scale)).store_aligned(lanes);
+    out[r * stride] = lanes[0];
+  }
+}
+#endif
+
+// Scores of the bf16 mode: out[r * stride] = tree(lanes of row r) * scale
+// for `rows` rows of q (q_stride values apart) against one key.
+template <class Arch>
+ROPE_ALWAYS_INLINE void bf16_scores(const std::uint16_t* q, std::size_t q_stride, std::size_t rows, const BFloat16* key, std::size_t d,
+                 float* out, std::size_t stride, float scale) noexcept {
+  alignas(64) float lanes[kBf16Lanes];
+#if defined(__x86_64__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__GNUC__)
+  if constexpr (kBf16DotArch<Arch>) {
+    if (avx512_bf16_runs<Arch>() && products_hardware_allowed()) {
+      for (std::size_t r = 0; r < rows; r += 4) {
+        bf16_scores_vdpbf16ps<Arch>(q + r * q_stride, q_stride, rows - r < 4 ? rows - r : 4, key, d, out + r * stride,
+                                    stride, scale);
+      }
+      return;
+    }
+  }
+#endif
+  for (std::size_t r = 0; r < rows; ++r) {
+    bf16_lanes(q + r * q_stride, key, d, lanes);
+    out[r * stride] = bf16_tree(lanes) * scale;
+  }
+}
+
+// A row of d floats as the int8 mode's q (see the header comment): its
+// bytes padded with 0 to a whole block, its scale and the sum of its bytes;
+// false when the row holds a NaN or an infinity (its scores are NaN).
+inline bool int8_query(const float* x, std::size_t d, std::int8_t* out, float* scale, std::int32_t* sum) noexcept {
+  float top = 0.0f;
+  bool finite = true;
+  for (std::size_t c = 0; c < d; ++c) {
+    finite = finite && std::isfinite(x[c]);
+    top = std::fabs(x[c]) > top ? std::fabs(x[c]) : top;
+  }
+  *scale = finite ? top / 127.0f : std::numeric_limits<float>::quiet_NaN();
+  *sum = 0;
+  for (std::size_t c = 0; c < int8_row(d); ++c) {
+    float v = 0.0f;
+    if (c < d && finite && top > 0.0f) v = std::nearbyint(x[c] / *scale);
+    v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+    out[c] = static_cast<std::int8_t>(v);
+    *sum += out[c];
+  }
+  return finite;
+}
+
+// sum_c q_c k_c of one row against one key, in integers.
+inline std::int32_t int8_sum(const std::int8_t* q, const std::int8_t* key, std::size_t d) noexcept {
+  std::int32_t s = 0;
+  for (std::size_t c = 0; c < d; ++c) s += static_cast<std::int32_t>(q[c]) * key[c];
+  return s;
+}
+
+#if defined(__x86_64__) && defined(__AVX512BW__) && defined(__GNUC__)
+// The same sums by vpdpbusd over the key's bytes plus 128 (unsigned) and q
+// (signed), less 128 * sum_c q_c, for n <= 4 rows: each key block loaded
+// once, the four rows' lanes added together (integers: any order).
+ROPE_ALWAYS_INLINE void int8_sums_vpdpbusd(const std::int8_t* q, std::size_t q_stride, std::size_t n, const std::int8_t* key,
+                               std::size_t d, const std::int32_t* q_sums, std::int32_t* out) noexcept {
+  __m512i s[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (std::size_t base = 0; base < d; base += kInt8Block) {
+    const std::size_t left = d - base < kInt8Block ? d - base : kInt8Block;
+    const __mmask64 m = left == 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1;
+    const __m512i k = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, key + base), flip);
+    for (std::size_t r = 0; r < n; ++r) {
+      const __m512i qv = _mm512_loadu_si512(q + r * q_stride + base);
+      __asm__("vpdpbusd %2, %1, %0" : "+v"(s[r]) : "v"(k), "v"(qv));
+    }
+  }
+  // Rows side by side in each 128-bit part, then the four parts added.
+  const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(s[0], s[1]), _mm512_unpackhi_epi32(s[0], s[1]));
+  const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(s[2], s[3]), _mm512_unpackhi_epi32(s[2], s[3]));
+  const __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+  const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+  const __m128i x = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+  alignas(16) std::int32_t rows[4];
+  _mm_store_si128(reinterpret_cast<__m128i*>(rows), x);
+  // Past d the key's bytes read 0, +128 once flipped, against q's zeros.
+  for (std::size_t r = 0; r < n; ++r) out[r] = rows[r] - 128 * q_sums[r];
+}
+#endif
+
+// Scores of the int8 mode: out[r * stride] = (float(sum) * s_r) * scales[r]
+// for `rows` rows of q (q_stride bytes apart; s_r, the row's scale, and its
+// byte sum at q_scales[r], q_sums[r]) against one key.
+template <class Arch>
+ROPE_ALWAYS_INLINE void int8_scores(const std::int8_t* q, std::size_t q_stride, std::size_t rows, const float* q_scales,
+                 const std::int32_t* q_sums, const std::int8_t* key, std::size_t d, float* out, std::size_t stride,
+                 float scale) noexcept {
+#if defined(__x86_64__) && defined(__AVX512BW__) && defined(__GNUC__)
+  if constexpr (std::is_base_of<xsimd::avx512bw, Arch>::value) {
+    if (avx512_vnni_runs<Arch>() && products_hardware_allowed()) {
+      std::int32_t sums[4];
+      for (std::size_t r = 0; r < rows; r += 4) {
+        const std::size_t n = rows - r < 4 ? rows - r : 4;
+        int8_sums_vpdpbusd(q + r * q_stride, q_stride, n, key, d, q_sums + r, sums);
+        for (std::size_t i = 0; i < n; ++i) out[(r + i) * stride] = (static_cast<float>(sums[i]) * q_scales[r + i]) * scale;
+      }
+      return;
+    }
+  }
+#endif
+  for (std::size_t r = 0; r < rows; ++r) {
+    out[r * stride] = (static_cast<float>(int8_sum(q + r * q_stride, key, d)) * q_scales[r]) * scale;
+  }
+}
+
+// Which instruction a mode's scores take on this CPU, in code built for Arch.
+template <class Arch>
+const char* products_path(Products mode) noexcept {
+  if (mode == Products::bf16) {
+    if constexpr (kBf16DotArch<Arch>) {
+      if (avx512_bf16_runs<Arch>() && products_hardware_allowed()) return "vdpbf16ps";
+    }
+    return "lane by lane";
+  }
+  if (mode == Products::int8) {
+#if defined(__x86_64__) && defined(__AVX512BW__) && defined(__GNUC__)
+    if constexpr (std::is_base_of<xsimd::avx512bw, Arch>::value) {
+      if (avx512_vnni_runs<Arch>() && products_hardware_allowed()) return "vpdpbusd";
+    }
+#endif
+    return "integers";
+  }
+  return "float fma";
+}
+
+}  // namespace detail
+}  // namespace rope

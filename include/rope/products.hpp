@@ -1,0 +1,14 @@
+// rope/products.hpp — how the serving path's decode loop multiplies queries
+// by keys (kernels/kv_products.hpp has the arithmetic of each mode).
+#pragma once
+
+namespace rope {
+
+// exact: every product a float fused multiply-add over the widened values
+// (the default; its bytes never change). bf16 (bf16 caches): q rounded to
+// bf16, each score an AVX512-BF16 dot product. int8 (int8 caches): q
+// quantized per row, each score an integer dot product times the scales.
+// Each mode gives the same bytes on every instruction set.
+enum class Products { exact, bf16, int8 };
+
+}  // namespace rope
