@@ -67,7 +67,7 @@ void register_batch() {
   const std::vector<std::int64_t> lengths(std::begin(kBatchLengths), std::end(kBatchLengths));
   const std::string key = "baseline/" + kv;
   benchmark::RegisterBenchmark(("attention/batch_decode_baseline/" + kv + "/paged/T1").c_str(), batch_case<E>, lengths,
-                               Layout::paged, 1, key)
+                               Layout::paged, 1, key, rope::Products::exact)
       ->Unit(benchmark::kMillisecond)
       ->UseManualTime();
   benchmark::RegisterBenchmark(("attention/batch_decode_dispatch/" + kv + "/paged/T1").c_str(), batch_dispatch_case<E>,

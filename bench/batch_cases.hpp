@@ -299,11 +299,13 @@ struct BatchCall {
   rope::View<float> out;
   ra::Plan plan;
 
-  BatchCall(BatchCase<E>& held, std::size_t threads)
+  BatchCall(BatchCase<E>& held, std::size_t threads, rope::Products products = rope::Products::exact)
       : c(held),
         q(rope::View<const float>::token_major(held.q.data(), held.lengths.size(), kQHeads, kHeadDim)),
         out(rope::View<float>::token_major(held.out.data(), held.lengths.size(), kQHeads, kHeadDim)) {
-    ra::plan(plan, ra::Shape::of(held.cache, kQHeads), held.batch(), threads);
+    ra::Shape shape = ra::Shape::of(held.cache, kQHeads);
+    shape.products = products;
+    ra::plan(plan, shape, held.batch(), threads);
     (*this)();  // grows the plan's scratch outside the timing
   }
   void operator()() {
@@ -360,10 +362,13 @@ struct BatchCaches : Held {
 // per iteration survived it.
 template <class E>
 void batch_case(benchmark::State& state, std::vector<std::int64_t> lengths, Layout layout, std::size_t threads,
-                std::string key) {
+                std::string key, rope::Products products = rope::Products::exact) {
   auto& caches = hold<BatchCaches<E>>(key, [&] { return std::make_unique<BatchCaches<E>>(lengths); });
   BatchCase<E>& c = caches.get(layout);
-  BatchCall<E> call(c, threads);
+  BatchCall<E> call(c, threads, products);
+  if (products != rope::Products::exact) {
+    state.SetLabel(std::string("scores by ") + rope::detail::products_path<xsimd::default_arch>(products));
+  }
   const std::function<void()> evict = [&caches, &c] { caches.evict(c); };
   std::unique_ptr<BatchCall<E>> baseline;
   std::vector<rope_bench::BaselineCall> baselines;
@@ -381,11 +386,17 @@ void batch_case(benchmark::State& state, std::vector<std::int64_t> lengths, Layo
                          },
                          evict});
   } else {
-    baseline = std::make_unique<BatchCall<E>>(c, 1);
+    baseline = std::make_unique<BatchCall<E>>(c, 1, products);
     baselines.push_back({"vs_T1", [&] { (*baseline)(); }, evict});
   }
+  // A product mode: also against the exact step of the same threads.
+  std::unique_ptr<BatchCall<E>> exact;
+  if (products != rope::Products::exact) {
+    exact = std::make_unique<BatchCall<E>>(c, threads);
+    baselines.push_back({"vs_exact", [&] { (*exact)(); }, evict});
+  }
   std::unique_ptr<BatchCall<E>> contiguous;
-  if (layout == Layout::paged && caches.lengths.size() > 1) {
+  if (layout == Layout::paged && caches.lengths.size() > 1 && products == rope::Products::exact) {
     BatchCase<E>& flat = caches.get(Layout::contiguous);
     contiguous = std::make_unique<BatchCall<E>>(flat, threads);
     baselines.push_back({"vs_contiguous", [&] { (*contiguous)(); }, [&caches, &flat] { caches.evict(flat); }});

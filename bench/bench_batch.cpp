@@ -20,6 +20,11 @@
 //                                    call reads, 1 thread: the limit of decode
 //   long_decode/bf16/paged/T<n>      one sequence of 32768 cached tokens, bf16,
 //                                    pages of 16, shuffled
+//   batch_decode/bf16dot/paged/T1    the bf16 paged case with Products::bf16
+//   batch_decode/i8dot/paged/T1      the i8 paged case with Products::int8
+//                                    (each also against the exact step of
+//                                    the same run, counter vs_exact; its
+//                                    label names the instruction that ran)
 //
 // Bytes processed: the K and V bytes read (and the int8 scales), the same for
 // both layouts. In the same iterations (paired.hpp), each case on one
@@ -38,6 +43,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <rope/attention.hpp>
@@ -74,10 +80,21 @@ void register_kv() {
     const std::string name = kv + (layout == Layout::paged ? "/paged" : "/contiguous");
     for (const std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
       benchmark::RegisterBenchmark(("attention/batch_decode/" + name + "/T" + std::to_string(threads)).c_str(),
-                                   batch_case<E>, lengths, layout, threads, "batch/" + kv)
+                                   batch_case<E>, lengths, layout, threads, "batch/" + kv, rope::Products::exact)
           ->Unit(benchmark::kMillisecond)
           ->UseManualTime();
     }
+  }
+  // The product mode of the cache's type (kernels/kv_products.hpp).
+  const rope::Products mode = std::is_same<E, rope::BFloat16>::value  ? rope::Products::bf16
+                              : std::is_same<E, std::int8_t>::value ? rope::Products::int8
+                                                                     : rope::Products::exact;
+  if (mode != rope::Products::exact) {
+    const std::string name = std::string(mode == rope::Products::bf16 ? "bf16dot" : "i8dot") + "/paged/T1";
+    benchmark::RegisterBenchmark(("attention/batch_decode/" + name).c_str(), batch_case<E>, lengths, Layout::paged,
+                                 std::size_t{1}, "batch/" + kv, mode)
+        ->Unit(benchmark::kMillisecond)
+        ->UseManualTime();
   }
   benchmark::RegisterBenchmark(("attention/batch_decode/read/" + kv).c_str(), read_case<E>, "read/" + kv)
       ->Unit(benchmark::kMillisecond)
@@ -94,7 +111,7 @@ const bool kRegistered = [] {
   for (const std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
     benchmark::RegisterBenchmark(("attention/long_decode/bf16/paged/T" + std::to_string(threads)).c_str(),
                                  batch_case<rope::BFloat16>, std::vector<std::int64_t>{kLongLength}, Layout::paged,
-                                 threads, std::string("long/bf16/paged"))
+                                 threads, std::string("long/bf16/paged"), rope::Products::exact)
         ->Unit(benchmark::kMillisecond)
         ->UseManualTime();
   }
