@@ -340,7 +340,7 @@ struct ShiftCase {
     flush_bytes(copy.data(), copy.size() * sizeof(rope::BFloat16));
   }
   void shift() {
-    ra::shift(pool.cache, table.data(), 0, kShiftKeys, delta, rotation);
+    ra::shift(pool.cache, table.data(), table.size(), 0, kShiftKeys, delta, rotation);
     delta = -delta;
     benchmark::ClobberMemory();
   }

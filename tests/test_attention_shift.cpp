@@ -205,7 +205,7 @@ struct Pool {
     return x;
   }
   void shift(std::int64_t delta, const rope::Threads& threads = {}) {
-    ra::shift(cache, pages.data(), kFirst, kCount, delta, rotation_of(config), threads);
+    ra::shift(cache, pages.data(), pages.size(), kFirst, kCount, delta, rotation_of(config), threads);
   }
 
   struct Bytes {
@@ -510,14 +510,18 @@ TYPED_TEST(Shift, RefusalsByNameWriteNothing) {
   };
   std::vector<std::int32_t> pages = pool.pages;
   const auto shift = [&](std::size_t first, std::size_t count, std::int64_t delta, const ra::Rotation<float>& r) {
-    return [&, first, count, delta, r] { ra::shift(pool.cache, pages.data(), first, count, delta, r); };
+    return [&, first, count, delta, r] { ra::shift(pool.cache, pages.data(), pages.size(), first, count, delta, r); };
   };
   refused("a range past the slots", fn + "first + count must be <= the pool's slots 64, got 65",
           shift(60, 5, 10, rotation));
   refused("a first key past the slots", fn + "first + count must be <= the pool's slots 64, got 66",
           shift(65, 1, 10, rotation));
+  refused("a range past the row's pages",
+          fn + "first + count must be <= the row's pages' keys page_count * page_size = 48, got " +
+              std::to_string(kFirst + kCount),
+          [&] { ra::shift(pool.cache, pages.data(), 12, kFirst, kCount, 10, rotation); });
   refused("no page row", fn + "pages must be non-null for 50 keys, got null",
-          [&] { ra::shift(pool.cache, nullptr, kFirst, kCount, 10, rotation); });
+          [&] { ra::shift(pool.cache, nullptr, 0, kFirst, kCount, 10, rotation); });
   pages[6] = static_cast<std::int32_t>(kPages);
   refused("a page id past the pool", fn + "pages[6] must be a page id below cache.k.pages = 16, got 16",
           shift(kFirst, kCount, 10, rotation));
@@ -543,7 +547,7 @@ TYPED_TEST(Shift, RefusalsByNameWriteNothing) {
   {
     Pool<E> other(c, 57);
     std::vector<std::int32_t> row = pages;
-    EXPECT_NO_THROW(ra::shift(other.cache, row.data(), kFirst, kCount, 10, rotation));
+    EXPECT_NO_THROW(ra::shift(other.cache, row.data(), row.size(), kFirst, kCount, 10, rotation));
   }
   pages = pool.pages;
   ra::Rotation<float> unstyled;

@@ -9,13 +9,19 @@
 // row says where they are), the values untouched. Each key row is widened,
 // rotated in float and rounded once back into the cache's type: bf16 and
 // f16 in registers (the tensor API's 16-bit rows), int8 dequantized by its
-// scale and quantized again with a new one. Exact on paper, a shift rounds
-// each stored key once more: one shift adds at most one rounding of the
-// type (bf16 2^-8, f16 2^-11 of each value, int8 half its new scale) to
-// the rounding the key already carried, k shifts at most k of them
-// (docs/attention.md measures how they add up). The alternative, keeping
-// positions and rotating at every read, rounds nothing more but costs a
-// rotation of every key in every step.
+// scale and quantized again with a new one (the channels past rotary_dim
+// too: they keep their values within half the new scale).
+//
+// Exact on paper, a shift costs per element the float rotation (the
+// table's cos and sin, the products and the sum: about 3u of |x_a c| +
+// |x_b s|, u = 2^-24) and one rounding into the type (bf16 2^-8, f16 2^-11
+// of the result, int8 half the row's new scale). k shifts add up in each
+// pair's 2-norm (a later rotation mixes a pair's two errors), at most k
+// such bounds; tests/test_attention_shift.cpp holds the bound of one shift
+// at its worst case and docs/attention.md measures k shifts per type
+// against rotating at read (keeping positions and rotating every key when
+// it is read, which rounds nothing more but costs a rotation of every key
+// in every step).
 #pragma once
 
 #include <algorithm>
@@ -67,17 +73,18 @@ void shift_row(const PagePool<E>& pool, std::size_t slot, Style style, std::size
 
 // Rotates sequence keys [first, first + count) of cache.k by delta positions
 // (negative: to lower positions), in place, each value rounded once back;
-// pages is the sequence's block-table row (key j in slot pages[j /
-// page_size] * page_size + j % page_size). The rotation's table must hold
-// row |delta|; its pairing and rotary_dim are the model's (the channels
-// past rotary_dim stay). Threads over keys; the same bytes for any count.
-// Refused before anything is written: a pool that is not sound, a key range
-// past the pages it names, a page id outside the pool or named twice in the
-// range, a rotation without its pairing or wider than the heads, |delta|
-// outside the table.
+// pages is the sequence's block-table row of page_count ids (key j in slot
+// pages[j / page_size] * page_size + j % page_size). The rotation's table
+// must hold row |delta|; its pairing and rotary_dim are the model's (the
+// channels past rotary_dim keep their values; int8 re-quantizes them).
+// Threads over keys; the same bytes for any count. Refused before anything
+// is written: a pool that is not sound, a key range past the pool's slots
+// or past the page_count pages of the row, a page id outside the pool or
+// named twice in the range, a rotation without its pairing or wider than
+// the heads, |delta| outside the table.
 template <class E, class Arch = xsimd::default_arch>
-void shift(const PagedCache<E>& cache, const std::int32_t* pages, std::size_t first, std::size_t count,
-           std::int64_t delta, const Rotation<float>& rotation, const Threads& threads = {}) {
+void shift(const PagedCache<E>& cache, const std::int32_t* pages, std::size_t page_count, std::size_t first,
+           std::size_t count, std::int64_t delta, const Rotation<float>& rotation, const Threads& threads = {}) {
   detail::check_kv_element<E>();
   const char* fn = "rope::attention::shift";
   detail::check_cache(fn, cache);
@@ -87,6 +94,10 @@ void shift(const PagedCache<E>& cache, const std::int32_t* pages, std::size_t fi
   if (count > 0 && pages == nullptr) detail::fail(fn, "pages", {"non-null for ", count, " keys"}, nullptr);
   if (first > pool.slots() || count > pool.slots() - first) {
     detail::fail(fn, "first + count", {"<= the pool's slots ", pool.slots()}, first + count);
+  }
+  if (count > 0 && (first + count - 1) / ps >= page_count) {
+    detail::fail(fn, "first + count", {"<= the row's pages' keys page_count * page_size = ", page_count * ps},
+                 first + count);
   }
   std::vector<unsigned char> seen(count > 0 ? pool.pages : 0, 0);
   for (std::size_t i = first / ps; count > 0 && i <= (first + count - 1) / ps; ++i) {
