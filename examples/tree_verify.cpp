@@ -10,7 +10,9 @@
 // cached tokens (a sequence of its own that lists the request's cached
 // pages), then attended. The draft token's row must equal the chain's last
 // row bit for bit: the same keys at the same positions, in the same order,
-// through the same decode loop. Exits 1 unless every row does.
+// through the same decode loop, one work item each (the root's chain, one
+// decode token, is split at kv_split keys only past 512). Exits 1 unless
+// every row does.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
