@@ -147,6 +147,11 @@ TYPED_TEST(KvProducts, Int8ScoresAreTheDefinitionBitForBit) {
         x[0][0] = 1e6f;  // one huge channel
         if (rows > 2) std::fill(x[2].begin(), x[2].end(), 0.0f);
         if (rows > 3) x[3][d - 1] = std::numeric_limits<float>::infinity();
+        if (rows > 4) {  // a row so small that max / 127 underflows
+          std::fill(x[4].begin(), x[4].end(), 0.0f);
+          x[4][0] = 1e-44f;
+          x[4][d / 2] = -3e-45f;
+        }
         std::vector<std::int8_t> key(d), q(rows * stride);
         for (auto& v : key) v = static_cast<std::int8_t>(byte(gen));
         key[0] = -128;  // the byte whose +128 is 0
@@ -159,7 +164,8 @@ TYPED_TEST(KvProducts, Int8ScoresAreTheDefinitionBitForBit) {
           float top = 0;
           for (float v : x[r]) top = std::max(top, std::fabs(v));
           if (!finite) continue;
-          const float s = top / 127.0f;
+          // max / 127, or the least subnormal where that underflows.
+          const float s = top > 0 && top / 127.0f == 0 ? std::numeric_limits<float>::denorm_min() : top / 127.0f;
           EXPECT_TRUE(same_bits(scales[r], s));
           std::int32_t sum = 0;
           for (std::size_t c = 0; c < stride; ++c) {

@@ -21,9 +21,10 @@
 //          vdpbf16ps does, measured bit for bit on an Intel Sapphire Rapids
 //          (tests/test_kernels_kv_products.cpp asks the CPU it runs on);
 //          where the CPU lacks it the same steps run lane by lane.
-//   int8   q_c = round_half_even(x_c / s), s = max_c |x_c| / 127 (a row of
-//          zeros: s = 0, q = 0; a row with a NaN or an infinity: every
-//          score NaN); sum_c q_c k_c in 32-bit integers, exact (|sum| <= d
+//   int8   q_c = round_half_even(x_c / s), s = max_c |x_c| / 127 as the
+//          int8 cache scales its rows (kv_store.hpp: the least subnormal
+//          where that underflows; a row of zeros: s = 0, q = 0; a row with a
+//          NaN or an infinity: every score NaN); sum_c q_c k_c in 32-bit integers, exact (|sum| <= d
 //          * 127 * 128); score = (float(sum) * s) * (scale * k_scale). On
 //          AVX512-VNNI as vpdpbusd over (k + 128) as unsigned bytes, less 128
 //          sum_c q_c; elsewhere in integers: the same sum either way.
@@ -52,6 +53,7 @@
 #include "../detail/xsimd.hpp"
 #include "../half.hpp"
 #include "../products.hpp"
+#include "kv_store.hpp"
 
 namespace rope {
 namespace detail {
@@ -201,7 +203,7 @@ inline bool int8_query(const float* x, std::size_t d, std::int8_t* out, float* s
     finite = finite && std::isfinite(x[c]);
     top = std::fabs(x[c]) > top ? std::fabs(x[c]) : top;
   }
-  *scale = finite ? top / 127.0f : std::numeric_limits<float>::quiet_NaN();
+  *scale = finite ? int8_scale(top) : std::numeric_limits<float>::quiet_NaN();
   *sum = 0;
   for (std::size_t c = 0; c < int8_row(d); ++c) {
     float v = 0.0f;
