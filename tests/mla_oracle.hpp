@@ -77,6 +77,13 @@ constexpr double kEps = std::numeric_limits<float>::epsilon();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr LD kNegInf = -std::numeric_limits<LD>::infinity();
 
+// Whether two vectors hold the same bytes (never handing memcmp the null
+// data of an empty vector).
+template <class T>
+bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
 // A sequence of a step: n new tokens, `length` keys in its cache after the
 // step (the new ones included).
 struct Seq {
@@ -281,9 +288,7 @@ struct Store {
     return out;
   }
   bool same_bytes(const Store& o) const {
-    return data.size() == o.data.size() && scales.size() == o.scales.size() &&
-           std::memcmp(data.data(), o.data.data(), data.size() * sizeof(E)) == 0 &&
-           std::memcmp(scales.data(), o.scales.data(), scales.size() * sizeof(float)) == 0;
+    return mla_test::same_bytes(data, o.data) && mla_test::same_bytes(scales, o.scales);
   }
 };
 
@@ -326,9 +331,7 @@ struct Call {
 struct Result {
   std::vector<float> out, lse;  // [tokens, heads, latent], [tokens, heads]
   bool same_bytes(const Result& o) const {
-    return out.size() == o.out.size() && lse.size() == o.lse.size() &&
-           std::memcmp(out.data(), o.out.data(), out.size() * sizeof(float)) == 0 &&
-           std::memcmp(lse.data(), o.lse.data(), lse.size() * sizeof(float)) == 0;
+    return mla_test::same_bytes(out, o.out) && mla_test::same_bytes(lse, o.lse);
   }
 };
 

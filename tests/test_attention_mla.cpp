@@ -181,7 +181,7 @@ TEST(MlaAttend, AppendSameBytesForAnyThreadCount) {
     Store<E> one(m.lay, m.d), three(m.lay, m.d);
     const std::vector<float> q1 = write(m, one, 1), q3 = write(m, three, 3);
     EXPECT_TRUE(one.same_bytes(three)) << element_name<E>();
-    EXPECT_EQ(std::memcmp(q1.data(), q3.data(), q1.size() * sizeof(float)), 0) << element_name<E>();
+    EXPECT_TRUE(same_bytes(q1, q3)) << element_name<E>();
   });
 }
 
@@ -237,7 +237,7 @@ TEST(MlaAttend, DecodeStepsOverAContiguousCacheAreTheOneShotCall) {
     step(steps, q_pe_steps, r_steps, 0, kPrompt);
     for (std::size_t t = kPrompt; t < kTokens; ++t) step(steps, q_pe_steps, r_steps, t, t + 1);
     EXPECT_TRUE(once.same_bytes(steps)) << what;
-    EXPECT_EQ(std::memcmp(q_pe_once.data(), q_pe_steps.data(), q_pe_once.size() * sizeof(float)), 0) << what;
+    EXPECT_TRUE(same_bytes(q_pe_once, q_pe_steps)) << what;
     const Expected want = oracle(m, stored(m, once), q_pe_once, call);
     EXPECT_LE(expect_near(m, r_once, want, what + " one shot"), 1.0);
     EXPECT_LE(expect_near(m, r_steps, want, what + " steps"), 1.0);
@@ -265,7 +265,7 @@ TEST(MlaAttend, PaddedRowsAndPagesAreTheDenseCachesBytes) {
     padded.rebind();
     const std::vector<E> room = padded.data;
     const std::vector<float> q_dense = write(m, dense), q_padded = write(m, padded);
-    ASSERT_EQ(std::memcmp(q_dense.data(), q_padded.data(), q_dense.size() * sizeof(float)), 0);
+    ASSERT_TRUE(same_bytes(q_dense, q_padded));
     for (const auto& [name, c] : calls(m, true)) {
       EXPECT_TRUE(attend(m, padded, q_padded, c).same_bytes(attend(m, dense, q_dense, c)))
           << element_name<E>() << ", " << name;
@@ -303,7 +303,7 @@ void expect_rounded_float_call(const Model& m, const Store<std::int8_t>& st, con
     const O want(out_f[i]);
     ASSERT_EQ(std::memcmp(&out[i], &want, sizeof(O)), 0) << "value " << i;
   }
-  EXPECT_EQ(std::memcmp(lse.data(), lse_f.data(), lse.size() * sizeof(float)), 0);
+  EXPECT_TRUE(same_bytes(lse, lse_f));
 }
 
 TEST(MlaAttend, SixteenBitQueriesAndOutputsAreTheFloatCallRoundedOnce) {

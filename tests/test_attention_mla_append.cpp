@@ -256,11 +256,11 @@ void expect_matches_composition(const AppendCase& c) {
     }
   }
   EXPECT_EQ(in.kv_a.size(), before_in.kv_a.size());
-  EXPECT_EQ(std::memcmp(in.kv_a.data(), before_in.kv_a.data(), in.kv_a.size() * sizeof(In)), 0) << "kv_a";
-  EXPECT_EQ(std::memcmp(in.c_kv.data(), before_in.c_kv.data(), in.c_kv.size() * sizeof(In)), 0) << "c_kv";
-  EXPECT_EQ(std::memcmp(in.k_pe.data(), before_in.k_pe.data(), in.k_pe.size() * sizeof(In)), 0) << "k_pe";
+  EXPECT_TRUE(same_bytes(in.kv_a, before_in.kv_a)) << "kv_a";
+  EXPECT_TRUE(same_bytes(in.c_kv, before_in.c_kv)) << "c_kv";
+  EXPECT_TRUE(same_bytes(in.k_pe, before_in.k_pe)) << "k_pe";
   if (!c.in_place) {
-    EXPECT_EQ(std::memcmp(in.q.data(), before_in.q.data(), in.q.size() * sizeof(In)), 0) << "q";
+    EXPECT_TRUE(same_bytes(in.q, before_in.q)) << "q";
   } else if (c.strided) {
     for (std::size_t i = 0; i < in.q.size(); ++i) {
       if (i % (kNope + R) < kNope) {

@@ -63,7 +63,7 @@ struct World {
     std::vector<unsigned char> b;
     auto add = [&](const void* p, std::size_t n) {
       const auto* c = static_cast<const unsigned char*>(p);
-      b.insert(b.end(), c, c + n);
+      if (n > 0) b.insert(b.end(), c, c + n);
     };
     add(st.data.data(), st.data.size() * sizeof(E));
     add(st.scales.data(), st.scales.size() * sizeof(float));

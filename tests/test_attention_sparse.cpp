@@ -511,11 +511,15 @@ Refusal refused_gqa(const std::function<void(Lists&, ra::Mask&)>& change) {
   static const Layout lay = mla_model(8).lay;  // the same batch as the MLA refusals
   GqaStore<std::int8_t> st(lay, 43);
   const auto bytes = [&] {
-    std::vector<unsigned char> b(st.kd.size() + st.vd.size() + 4 * (st.ks.size() + st.vs.size()));
-    std::memcpy(b.data(), st.kd.data(), st.kd.size());
-    std::memcpy(b.data() + st.kd.size(), st.vd.data(), st.vd.size());
-    std::memcpy(b.data() + st.kd.size() + st.vd.size(), st.ks.data(), 4 * st.ks.size());
-    std::memcpy(b.data() + st.kd.size() + st.vd.size() + 4 * st.ks.size(), st.vs.data(), 4 * st.vs.size());
+    std::vector<unsigned char> b;
+    auto add = [&](const void* p, std::size_t n) {
+      const auto* c = static_cast<const unsigned char*>(p);
+      if (n > 0) b.insert(b.end(), c, c + n);
+    };
+    add(st.kd.data(), st.kd.size() * sizeof(std::int8_t));
+    add(st.vd.data(), st.vd.size() * sizeof(std::int8_t));
+    add(st.ks.data(), st.ks.size() * sizeof(float));
+    add(st.vs.data(), st.vs.size() * sizeof(float));
     return b;
   };
   Call c;
