@@ -193,6 +193,12 @@ TEST(AttentionPlan, BatchRefusalsNameTheArgumentAndLeaveNoPlan) {
   // A page twice in one sequence would hold two of its keys in one slot.
   refused("page twice", "batch.block_table[0][2]", "a page this sequence does not already list",
           [](Step& s, Batch&) { s.table[0 * s.stride + 2] = s.table[0]; });
+  // Also when an earlier sequence lists that page too (a shared page).
+  refused("a shared page twice", "batch.block_table[1][1]", "a page this sequence does not already list",
+          [](Step& s, Batch&) {
+            s.table[1 * s.stride + 0] = s.table[0];
+            s.table[1 * s.stride + 1] = s.table[0];
+          });
   // Accepted: a page two sequences read (a shared prefix), a length that
   // fills its pages exactly, no sequence at all.
   Step s = good;

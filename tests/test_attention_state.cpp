@@ -441,6 +441,16 @@ TEST(AttentionState, RefusalsNameTheArgumentAndWriteNothing) {
          [&] { ra::merge(av, la.data(), bv, lb.data(), ov, la.data() + 1); });
   expect("lse overlaps lse_b, not itself", "lse", "lse_b itself or apart",
          [&] { ra::merge(av, la.data(), bv, lb.data(), ov, lb.data() + 1); });
+  // out is written while lse_a and lse_b are read, lse while out_a and
+  // out_b are: overlaps read what was already overwritten.
+  expect("out overlaps lse_a", "out", "memory apart from lse_a",
+         [&] { ra::merge(av, out.data() + 2, bv, lb.data(), ov, lse.data()); });
+  expect("out overlaps lse_b", "out", "memory apart from lse_b",
+         [&] { ra::merge(av, la.data(), bv, out.data() + 7, ov, lse.data()); });
+  expect("lse overlaps out_a", "lse", "memory apart from out_a",
+         [&] { ra::merge(av, la.data(), bv, lb.data(), ov, a.data() + 3); });
+  expect("lse overlaps out_b", "lse", "memory apart from out_b",
+         [&] { ra::merge(av, la.data(), bv, lb.data(), ov, b.data() + 1); });
   // Zero rows: no lse needed, nothing read.
   EXPECT_EQ(rope_test::thrown_message([&] {
               ra::merge(View<const float>::token_major(a.data(), 0, heads, d), static_cast<const float*>(nullptr),

@@ -159,7 +159,7 @@ inline TokenAngles angles_of(const char* fn, const Plan& plan, std::size_t rotar
   if (o.axis_positions == nullptr && tokens > 0) {
     fail(fn, "options.axis_positions", "non-null when options.pair_axes is set", nullptr);
   }
-  for (std::size_t axis = 0; axis < pa.axes; ++axis) {
+  for (std::size_t axis = 0; axis < pa.axes && tokens > 0; ++axis) {
     const std::string name = indexed("options.axis_positions", axis);
     rope::detail::check_positions(fn, Positions(o.axis_positions + axis * tokens), tokens, table->positions(),
                                   {name.c_str(), name.c_str()});

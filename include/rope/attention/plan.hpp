@@ -212,7 +212,10 @@ class Plan {
   std::int64_t slot(std::size_t t) const noexcept { return slots_[t]; }
   // Every new token's position, tokens() of them: for a caller that rotates
   // Q itself (rope::apply with rope::Positions(plan.positions())).
-  const std::int64_t* positions() const noexcept { return positions_.data(); }
+  const std::int64_t* positions() const noexcept {
+    static const std::int64_t none = 0;  // a step of no tokens: a pointer all the same
+    return positions_.empty() ? &none : positions_.data();
+  }
   // The work items, in the order of their tokens (see WorkItem).
   const std::vector<WorkItem>& items() const noexcept { return work_.items; }
 
@@ -232,6 +235,7 @@ class Plan {
   // refuses the step), or tokens(): none.
   std::size_t shared_write_ = 0;
   std::vector<std::int32_t> owners_;     // per page: who reads it (plan()'s own)
+  std::vector<std::int32_t> listed_;     // per page: the last sequence that listed it, + 1
   std::vector<unsigned char> tree_;      // per sequence: its new tokens are a tree
   std::vector<std::int32_t> tree_keys_;  // the tree tokens' key lists (their items point in)
   bool valid_ = false;                   // the last plan() into it succeeded
@@ -305,6 +309,7 @@ inline void PlanAccess::copy_batch(const char* fn, Plan& p, const Batch& batch) 
   p.table_at_.assign(batch.sequences, 0);
   p.pages_.clear();
   p.owners_.assign(pages, -1);
+  p.listed_.assign(pages, 0);
   for (std::size_t b = 0; b < batch.sequences; ++b) {
     const std::int64_t start = batch.q_starts[b], next = batch.q_starts[b + 1], len = batch.lengths[b];
     if (next < start) {
@@ -326,12 +331,15 @@ inline void PlanAccess::copy_batch(const char* fn, Plan& p, const Batch& batch) 
       if (row[i] < 0 || static_cast<std::size_t>(row[i]) >= pages) {
         fail(fn, {"batch.block_table[", b, "][", i, "]"}, {"a page id below shape.pages = ", pages}, row[i]);
       }
-      // A page twice in one sequence would hold two of its keys in one slot;
-      // a page of several sequences is read by all (-2), written by none.
-      std::int32_t& owner = p.owners_[static_cast<std::size_t>(row[i])];
-      if (owner == static_cast<std::int32_t>(b)) {
+      // A page twice in one sequence would hold two of its keys in one slot
+      // (whoever else lists it); a page of several sequences is read by all
+      // (-2), written by none.
+      std::int32_t& listed = p.listed_[static_cast<std::size_t>(row[i])];
+      if (listed == static_cast<std::int32_t>(b) + 1) {
         fail(fn, {"batch.block_table[", b, "][", i, "]"}, "a page this sequence does not already list", row[i]);
       }
+      listed = static_cast<std::int32_t>(b) + 1;
+      std::int32_t& owner = p.owners_[static_cast<std::size_t>(row[i])];
       owner = owner == -1 ? static_cast<std::int32_t>(b) : -2;
       p.pages_.push_back(row[i]);
     }

@@ -72,8 +72,9 @@ void merge_row(const A* a, float lse_a, const B* b, float lse_b, std::size_t n, 
 // float, BFloat16 or Float16 (each rounded once into out), lse_a, lse_b and
 // lse [tokens * heads] floats at t * heads + h (lse may be null: not
 // written; it may be lse_a or lse_b). out may be out_a or out_b itself (the
-// same rows), and overlap neither otherwise. Refused before anything is
-// written: shapes that differ, null lse inputs, overlaps.
+// same rows), and overlap neither otherwise, nor lse_a, lse_b or lse; lse
+// overlaps no rows. Refused before anything is written: shapes that differ,
+// null lse inputs, overlaps.
 template <class AV, class BV, class O>
 void merge(const View<AV>& out_a, const float* lse_a, const View<BV>& out_b, const float* lse_b, const View<O>& out,
            float* lse = nullptr) {
@@ -102,9 +103,24 @@ void merge(const View<AV>& out_a, const float* lse_a, const View<BV>& out_b, con
   const bool in_a = detail::same_rows(out_a, out), in_b = detail::same_rows(out_b, out);
   if (!in_a) rope::detail::check_disjoint(fn, "out", out, "out_a", View<const A>(out_a));
   if (!in_b) rope::detail::check_disjoint(fn, "out", out, "out_b", View<const B>(out_b));
+  // out is written row by row while lse_a and lse_b are still read, and lse
+  // while out_a and out_b are: apart, or the rows of a call in place.
+  const std::size_t out_span = detail::view_span(out);
+  if (rows > 0 && detail::bytes_overlap(out.data, out_span, lse_a, rows)) {
+    fail(fn, "out", "memory apart from lse_a", "overlapping");
+  }
+  if (rows > 0 && detail::bytes_overlap(out.data, out_span, lse_b, rows)) {
+    fail(fn, "out", "memory apart from lse_b", "overlapping");
+  }
   if (lse != nullptr) {
-    const std::size_t span = detail::view_span(out);
+    const std::size_t span = out_span;
     if (detail::bytes_overlap(lse, rows, out.data, span)) fail(fn, "lse", "memory apart from out", "overlapping");
+    if (detail::bytes_overlap(lse, rows, out_a.data, detail::view_span(out_a))) {
+      fail(fn, "lse", "memory apart from out_a", "overlapping");
+    }
+    if (detail::bytes_overlap(lse, rows, out_b.data, detail::view_span(out_b))) {
+      fail(fn, "lse", "memory apart from out_b", "overlapping");
+    }
     if (lse != lse_a && detail::bytes_overlap(lse, rows, lse_a, rows))
       fail(fn, "lse", "lse_a itself or apart", "overlapping");
     if (lse != lse_b && detail::bytes_overlap(lse, rows, lse_b, rows))
