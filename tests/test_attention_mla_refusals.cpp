@@ -316,13 +316,11 @@ TEST(MlaRefusals, Attend) {
   for_each_element([](auto e) { expect_refusals(Fn::attend, attend_entries<decltype(e)>()); });
 }
 
-// LIBRARY BUG (mla_attend.hpp, attend's check of lse): lse is checked apart
-// from out, q_lat, q_pe and the cache's rows, not from an int8 cache's
-// scales, so an lse that lies in them is taken and its log-sum-exps are
-// written over the scales, which every later read of those rows
-// dequantizes with. attend.hpp's GQA attend refuses it (check_apart covers
-// the scales); the contract of MLA's attend is "as attend's refusals".
-TEST(MlaRefusals, LibraryBugLseInTheInt8ScalesIsRefused) {
+// An lse that lies in an int8 cache's scales would have its log-sum-exps
+// written over them, which every later read of those rows dequantizes
+// with: refused as GQA attend refuses it. (It was taken until attend
+// checked lse against the scales too.)
+TEST(MlaRefusals, LseInTheInt8ScalesIsRefused) {
   const std::string m = refused<std::int8_t>(
       Fn::attend, [](Args<std::int8_t>& a, World<std::int8_t>& w) { a.lse = w.st.scales.data() + 2; });
   EXPECT_EQ(m.rfind("rope::attention::attend: lse must be ", 0), 0u) << m;

@@ -344,8 +344,9 @@ void attend(const Plan& plan, const LatentCache<E>& cache, const View<LV>& q_lat
     if (detail::bytes_overlap(lse, n, out.data, detail::view_span(out)) ||
         detail::bytes_overlap(lse, n, q_lat.data, detail::view_span(q_lat)) ||
         detail::bytes_overlap(lse, n, q_pe.data, detail::view_span(q_pe)) ||
-        detail::bytes_overlap(lse, n, cache.data, detail::latent_span(cache))) {
-      detail::fail(fn, "lse", "memory apart from q_lat, q_pe, out and the cache", "overlapping");
+        detail::bytes_overlap(lse, n, cache.data, detail::latent_span(cache)) ||
+        (cache.scales != nullptr && detail::bytes_overlap(lse, n, cache.scales, 2 * cache.slots()))) {
+      detail::fail(fn, "lse", "memory apart from q_lat, q_pe, out and the cache (and its scales)", "overlapping");
     }
   }
   if (!logits.scale) {
