@@ -272,6 +272,7 @@ ROPE_ALWAYS_INLINE void int8_scores(const std::int8_t* q, std::size_t q_stride, 
     }
   }
 #endif
+  (void)q_sums;  // the integer sum needs no correction
   for (std::size_t r = 0; r < rows; ++r) {
     out[r * stride] = (static_cast<float>(int8_sum(q + r * q_stride, key, d)) * q_scales[r]) * scale;
   }
