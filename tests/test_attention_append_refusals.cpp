@@ -317,10 +317,13 @@ std::vector<Entry<E>> refusals(Tables& tables, const Refusals<E>& r, const rope:
     const std::vector<Entry<E>> over_scales = {
         {"k over cache.k's scales", kBoth, [](C& c) { c.b.k.data = c.b.cache.k.scales; }, "k", "cache.k.scales apart"},
         {"v over cache.v's scales", kBoth, [](C& c) { c.b.v.data = c.b.cache.v.scales; }, "v", "cache.v.scales apart"},
+        // q_out and q span more than the scales they start in, and what
+        // lies past them (the other pool's rows or scales) is the
+        // allocator's choice: either pool may be named.
         {"q_out over cache.v's scales", kFused, [](C& c) { c.b.q_out.data = c.b.cache.v.scales; }, "q_out",
-         "memory apart from cache.v"},
+         "memory apart from cache."},
         {"q over cache.k's scales", kFused, [](C& c) { c.b.q.data = c.b.cache.k.scales; }, "q",
-         "memory apart from cache.k"},
+         "memory apart from cache."},
     };
     e.insert(e.end(), over_scales.begin(), over_scales.end());
   }
