@@ -577,9 +577,20 @@ void fuzz_apply(Bytes& in) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Bytes in(data, size);
-  // Selectors 0 .. 7 keep the meaning the corpus was written with; 8 .. 11
-  // are the serving path's (every seed there starts with a byte below 12).
-  switch (in.u8() % 12) {
+  // A first byte below 192 keeps the meaning the corpus was written with
+  // (selector byte % 12: 0 .. 7, then 8 .. 11 the serving path's; every seed
+  // of those starts with a byte below 192); 192 .. 255 pick the serving
+  // path's later entry points: MLA, sparse lists and trees, shift.
+  const std::uint8_t selector = in.u8();
+  if (selector >= 192) {
+    switch ((selector - 192) % 3) {
+      case 0: rope_fuzz::fuzz_mla(in); break;
+      case 1: rope_fuzz::fuzz_lists(in); break;
+      default: rope_fuzz::fuzz_shift(in); break;
+    }
+    return 0;
+  }
+  switch (selector % 12) {
     case 0: fuzz_frequencies(in); break;
     case 1: fuzz_scaling(in); break;
     case 2: fuzz_kernel<float>(in); break;

@@ -76,13 +76,16 @@ class Bytes {
   std::size_t pos_ = 0;
 };
 
-// The attention decoders (fuzz_attention.cpp); without rope::attention they
-// return at once.
+// The attention decoders (fuzz_attention.cpp, fuzz_serving.cpp); without
+// rope::attention they return at once.
 void fuzz_softmax(Bytes& in);    // softmax over views; one sequence's step over a contiguous cache
 void fuzz_linear(Bytes& in);     // linear attention
 void fuzz_attend(Bytes& in);     // plan and attend over paged caches
 void fuzz_append_kv(Bytes& in);  // plan and append, the K/V form
 void fuzz_append(Bytes& in);     // plan and append with Q
 void fuzz_merge(Bytes& in);      // merge, and attend split in two and merged
+void fuzz_mla(Bytes& in);        // MLA over a latent cache: plan, append, attend (dense, sparse, trees)
+void fuzz_lists(Bytes& in);      // attend with sparse lists, tree verify and product modes
+void fuzz_shift(Bytes& in);      // shift: cached keys rotated again by a position delta
 
 }  // namespace rope_fuzz
