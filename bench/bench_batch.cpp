@@ -86,8 +86,8 @@ void register_kv() {
     }
   }
   // The product mode of the cache's type (kernels/kv_products.hpp).
-  const rope::Products mode = std::is_same<E, rope::BFloat16>::value  ? rope::Products::bf16
-                              : std::is_same<E, std::int8_t>::value ? rope::Products::int8
+  const rope::Products mode = std::is_same<E, rope::BFloat16>::value ? rope::Products::bf16
+                              : std::is_same<E, std::int8_t>::value  ? rope::Products::int8
                                                                      : rope::Products::exact;
   if (mode != rope::Products::exact) {
     const std::string name = std::string(mode == rope::Products::bf16 ? "bf16dot" : "i8dot") + "/paged/T1";

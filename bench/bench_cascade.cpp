@@ -240,7 +240,8 @@ void shared_prefix(benchmark::State& state, bool cascade) {
   baselines.push_back({"vs_read", [&c] { c.read(); }, flush_words});
   if (cascade) baselines.push_back({"vs_plain", [&c] { c.attend(c.plain); }, flush});
   const ra::Plan& plan = cascade ? c.cascade : c.plain;
-  rope_bench::paired(state, 1, baselines, [&] { c.attend(plan); }, flush);
+  rope_bench::paired(
+      state, 1, baselines, [&] { c.attend(plan); }, flush);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(c.words.size() * 4));
 }
@@ -320,7 +321,8 @@ void tree_verify(benchmark::State& state, bool as_tree) {
   std::vector<rope_bench::BaselineCall> baselines;
   if (as_tree) baselines.push_back({"vs_chain", [&c] { c.attend(c.chain); }, flush});
   const ra::Plan& plan = as_tree ? c.tree : c.chain;
-  rope_bench::paired(state, 1, baselines, [&] { c.attend(plan); }, flush);
+  rope_bench::paired(
+      state, 1, baselines, [&] { c.attend(plan); }, flush);
 }
 
 // One sequence of kShiftKeys keys; a shift by kShiftDelta and back each
@@ -363,7 +365,8 @@ ShiftCase& shift_case() {
 void shift_keys(benchmark::State& state) {
   ShiftCase& c = shift_case();
   const std::function<void()> flush = [&c] { c.flush(); };
-  rope_bench::paired(state, 1, {{"vs_memcpy", [&c] { c.memcpy_keys(); }, flush}}, [&c] { c.shift(); }, flush);
+  rope_bench::paired(
+      state, 1, {{"vs_memcpy", [&c] { c.memcpy_keys(); }, flush}}, [&c] { c.shift(); }, flush);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(c.pool.k.size() * sizeof(rope::BFloat16)));
 }

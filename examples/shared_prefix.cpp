@@ -75,7 +75,8 @@ int main() {
       rows.insert(rows.end(), tables.begin() + static_cast<std::ptrdiff_t>(b * kStride),
                   tables.begin() + static_cast<std::ptrdiff_t>((b + 1) * kStride));
     }
-    ra::plan(plan, ra::Shape::of(cache, kQHeads), ra::Batch{starts.data(), lens.data(), rows.data(), kStride, who.size()});
+    ra::plan(plan, ra::Shape::of(cache, kQHeads),
+             ra::Batch{starts.data(), lens.data(), rows.data(), kStride, who.size()});
     model.rows(plan.tokens(), q, k, v);
     const auto qv = rope::View<float>::token_major(q.data(), plan.tokens(), kQHeads, kDim);
     ra::append(plan, cache, qv, rope::View<const float>::token_major(k.data(), plan.tokens(), kKvHeads, kDim),

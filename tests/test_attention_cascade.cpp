@@ -192,10 +192,8 @@ TEST(CascadeLevels, FoundFromTheBlockTables) {
   };
   // Sequence 5 is a tree and 6 a prefill: in no level. 8's shareable pages
   // end at 13 ((55 - 1) / 4), 0's at 15: page 13 is 0's, 1's and 2's only.
-  const std::vector<Want> want = {{0, 40, {0, 1, 2, 3, 4, 8}, -1},
-                                  {40, 52 - 40, {0, 1, 2, 8}, 0},
-                                  {52, 4, {0, 1, 2}, 1},
-                                  {40, 8, {3, 4}, 0}};
+  const std::vector<Want> want = {
+      {0, 40, {0, 1, 2, 3, 4, 8}, -1}, {40, 52 - 40, {0, 1, 2, 8}, 0}, {52, 4, {0, 1, 2}, 1}, {40, 8, {3, 4}, 0}};
   ASSERT_EQ(c.levels.size(), want.size());
   std::vector<long> found(want.size(), -1);
   for (std::size_t l = 0; l < c.levels.size(); ++l) {
@@ -242,9 +240,9 @@ TEST(CascadeLevels, FoundFromTheBlockTables) {
 // The bound of the header comment for token t's row of head h, and the
 // oracle's row and lse.
 template <class E>
-void oracle_row(const Pool<E>& pool, const ra::Plan& plan, const Step& step, const std::vector<float>& q,
-                std::size_t t, std::size_t h, double scale, double cap, const std::vector<double>& sinks,
-                std::vector<LD>* out, LD* lse, double* tol_out, double* tol_lse) {
+void oracle_row(const Pool<E>& pool, const ra::Plan& plan, const Step& step, const std::vector<float>& q, std::size_t t,
+                std::size_t h, double scale, double cap, const std::vector<double>& sinks, std::vector<LD>* out,
+                LD* lse, double* tol_out, double* tol_lse) {
   std::size_t b = 0;
   while (static_cast<std::size_t>(step.starts[b + 1]) <= t) ++b;
   const std::size_t n = static_cast<std::size_t>(plan.position(t)) + 1;  // causal: keys 0 .. position
@@ -253,7 +251,8 @@ void oracle_row(const Pool<E>& pool, const ra::Plan& plan, const Step& step, con
   at::Mat v(n, std::vector<LD>(d));
   double eps = 0, V = 0;
   for (std::size_t j = 0; j < n; ++j) {
-    const std::size_t slot = static_cast<std::size_t>(step.table[b * kStride + j / kPageSize]) * kPageSize + j % kPageSize;
+    const std::size_t slot =
+        static_cast<std::size_t>(step.table[b * kStride + j / kPageSize]) * kPageSize + j % kPageSize;
     LD dot = 0, mag = 0;
     for (std::size_t c = 0; c < d; ++c) {
       const LD qc = static_cast<LD>(q[(t * pool.q_heads + h) * d + c]);
@@ -266,8 +265,8 @@ void oracle_row(const Pool<E>& pool, const ra::Plan& plan, const Step& step, con
     LD x = static_cast<LD>(scale) * dot;
     if (cap > 0) x = static_cast<LD>(cap) * std::tanh(x / static_cast<LD>(cap));
     s[j] = x;
-    eps = std::max(eps, at::gamma_float(static_cast<double>(d + 3)) * std::fabs(scale) * static_cast<double>(mag) +
-                            8 * kU * cap);
+    eps = std::max(
+        eps, at::gamma_float(static_cast<double>(d + 3)) * std::fabs(scale) * static_cast<double>(mag) + 8 * kU * cap);
   }
   const LD sink = sinks.empty() ? -std::numeric_limits<LD>::infinity() : static_cast<LD>(sinks[h]);
   const at::SoftmaxRow row = at::softmax_row(s, v, d, sink);
@@ -448,7 +447,8 @@ TYPED_TEST(AttendCascade, ANaNReachesNoOtherTokensRow) {
   q[1 * row + 3] = was;
   // Sequence 2: a NaN in a key of its own page (past its levels).
   const std::size_t key = 60;  // 2's key 60, on its page 15
-  const std::size_t slot = static_cast<std::size_t>(step.table[2 * kStride + key / kPageSize]) * kPageSize + key % kPageSize;
+  const std::size_t slot =
+      static_cast<std::size_t>(step.table[2 * kStride + key / kPageSize]) * kPageSize + key % kPageSize;
   E* k = pool.cache.k.row(slot, 0);
   const E saved = k[0];
   if constexpr (std::is_same<E, std::int8_t>::value) {

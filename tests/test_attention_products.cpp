@@ -216,8 +216,10 @@ void check_bound(const Case<E>& c, rope::Products mode, const std::string& what)
 }
 
 const char* rows_name(Rows r) {
-  return r == Rows::random ? "random" : r == Rows::wide ? "wide range" : r == Rows::huge_channel ? "one huge channel"
-                                                                                                  : "a near tie";
+  return r == Rows::random         ? "random"
+         : r == Rows::wide         ? "wide range"
+         : r == Rows::huge_channel ? "one huge channel"
+                                   : "a near tie";
 }
 
 TEST(AttendProducts, Bf16WithinItsBound) {

@@ -117,8 +117,8 @@ TYPED_TEST(KvProducts, Bf16ScoresAreTheDefinitionBitForBit) {
           for (std::size_t r = 0; r < rows; ++r) {
             const float want = bf16_definition(x[r], key, 0.125f);
             ASSERT_TRUE(same_bits(out[r * 3], want) || (std::isnan(want) && std::isnan(out[r * 3])))
-                << "d " << d << " rows " << rows << " row " << r << " trial " << trial << " hardware " << allow
-                << ": " << out[r * 3] << " vs " << want;
+                << "d " << d << " rows " << rows << " row " << r << " trial " << trial << " hardware " << allow << ": "
+                << out[r * 3] << " vs " << want;
             EXPECT_EQ(out[r * 3 + 1], -7.0f);  // nothing between the rows written
           }
         }

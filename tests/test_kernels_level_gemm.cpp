@@ -111,7 +111,8 @@ TYPED_TEST(LevelGemm, ValuesAddEachKeyInOrderOntoTheSums) {
               }
               if (fused) {
                 ASSERT_EQ(std::memcmp(&got, &chain, sizeof(float)), 0)
-                    << "rs " << rs << " rows " << rows << " n " << n << " dv " << dv << " row " << r << " channel " << c;
+                    << "rs " << rs << " rows " << rows << " n " << n << " dv " << dv << " row " << r << " channel "
+                    << c;
               }
               ASSERT_LE(std::fabs(static_cast<LD>(got) - exact), gamma_float(2.0 * n) * magnitude);
             }

@@ -139,8 +139,8 @@ inline TokenAngles angles_of(const char* fn, const Plan& plan, std::size_t rotar
       if (static_cast<std::uint64_t>(plan.position(t)) >= table->positions()) {
         const std::size_t b = PlanAccess::sequence_of(plan, t);
         if (PlanAccess::tree(plan, b)) {  // a tree token sits at cached + depth, not at its index
-          const std::int64_t cached = PlanAccess::lengths(plan)[b] - (PlanAccess::q_starts(plan)[b + 1] -
-                                                                      PlanAccess::q_starts(plan)[b]);
+          const std::int64_t cached =
+              PlanAccess::lengths(plan)[b] - (PlanAccess::q_starts(plan)[b + 1] - PlanAccess::q_starts(plan)[b]);
           fail(fn, {"batch.tree_depths[", t, "]"},
                {"< options.rotation.table->positions() - ", cached, " = ",
                 static_cast<std::int64_t>(table->positions()) - cached, " (its position is ", cached, " + depth)"},

@@ -95,9 +95,7 @@ inline void find_levels(const CascadeSteps& in, CascadeLevels& out, std::size_t*
   out.deepest.assign(in.sequences, Level::kNone);
   out.rank.assign(in.sequences, 0);
   // Full pages of b before its new token: the pages a level may hold.
-  const auto shareable = [&](std::size_t b) -> std::size_t {
-    return static_cast<std::size_t>(in.lengths[b] - 1) / ps;
-  };
+  const auto shareable = [&](std::size_t b) -> std::size_t { return static_cast<std::size_t>(in.lengths[b] - 1) / ps; };
   const auto page = [&](std::size_t b, std::size_t i) { return in.pages[in.table_at[b] + i]; };
   for (std::size_t b = 0; b < in.sequences; ++b) {
     const bool decode = in.q_starts[b + 1] - in.q_starts[b] == 1 && (in.tree == nullptr || in.tree[b] == 0);

@@ -56,11 +56,11 @@ class LevelScratch {
   void grow(std::size_t members, std::size_t q_heads, std::size_t kv_heads, std::size_t d, std::size_t dv) {
     using rope::detail::line_floats;
     const std::size_t rows = members * (q_heads / kv_heads), rs = line_floats(rows);
-    sizes_[0] = kv_heads * d * rs;              // qt
-    sizes_[1] = kLevelBlock * rs;               // st
-    sizes_[2] = kv_heads * kLevelBlock * d;     // keys
-    sizes_[3] = kv_heads * kLevelBlock * dv;    // values
-    sizes_[4] = kv_heads * rows * dv;           // acc
+    sizes_[0] = kv_heads * d * rs;                      // qt
+    sizes_[1] = kLevelBlock * rs;                       // st
+    sizes_[2] = kv_heads * kLevelBlock * d;             // keys
+    sizes_[3] = kv_heads * kLevelBlock * dv;            // values
+    sizes_[4] = kv_heads * rows * dv;                   // acc
     sizes_[5] = sizes_[6] = sizes_[7] = kv_heads * rs;  // m, l, carried
     sizes_[8] = sizes_[9] = kv_heads * kLevelBlock;     // key and value scales
     std::size_t total = 0;

@@ -340,7 +340,8 @@ void attend_keys_products(const KvKeys<E>& a, const float* q, float* work, float
   float* scores = qp + attend_query_floats(H, d);
   float* ap = scores + line_floats(H * a.chunk);
   if constexpr (M == Products::bf16) {
-    for (std::size_t h = 0; h < H; ++h) bf16_query(q + h * d, d, reinterpret_cast<std::uint16_t*>(qp) + h * bf16_row(d));
+    for (std::size_t h = 0; h < H; ++h)
+      bf16_query(q + h * d, d, reinterpret_cast<std::uint16_t*>(qp) + h * bf16_row(d));
   } else {
     auto* bytes = reinterpret_cast<std::int8_t*>(qp);
     auto* q_scales = reinterpret_cast<float*>(bytes + H * int8_row(d));
@@ -364,10 +365,12 @@ template <class E, class Arch>
 void attend_keys_as(const KvKeys<E>& a, const float* q, float* work, float* m, float* l, float* acc,
                     bool shaped) noexcept {
   if constexpr (std::is_same<E, BFloat16>::value) {
-    if (a.products == Products::bf16) return attend_keys_products<E, Arch, Products::bf16>(a, q, work, m, l, acc, shaped);
+    if (a.products == Products::bf16)
+      return attend_keys_products<E, Arch, Products::bf16>(a, q, work, m, l, acc, shaped);
   }
   if constexpr (std::is_same<E, std::int8_t>::value) {
-    if (a.products == Products::int8) return attend_keys_products<E, Arch, Products::int8>(a, q, work, m, l, acc, shaped);
+    if (a.products == Products::int8)
+      return attend_keys_products<E, Arch, Products::int8>(a, q, work, m, l, acc, shaped);
   }
   const std::size_t H = a.q_heads, d = a.d, dv = a.dv;
   float* qp = work;

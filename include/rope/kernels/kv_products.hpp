@@ -125,8 +125,10 @@ inline void bf16_lanes(const std::uint16_t* q, const BFloat16* key, std::size_t 
   for (std::size_t base = 0; base < d; base += kBf16Block) {
     for (std::size_t i = 0; i < kBf16Lanes; ++i) {
       const std::size_t e = base + 2 * i, o = e + 1;
-      const double pe = e < d ? static_cast<double>(bfloat16_bits_to_float(q[e])) * flush(bfloat16_bits_to_float(k[e])) : 0.0;
-      const double po = o < d ? static_cast<double>(bfloat16_bits_to_float(q[o])) * flush(bfloat16_bits_to_float(k[o])) : 0.0;
+      const double pe =
+          e < d ? static_cast<double>(bfloat16_bits_to_float(q[e])) * flush(bfloat16_bits_to_float(k[e])) : 0.0;
+      const double po =
+          o < d ? static_cast<double>(bfloat16_bits_to_float(q[o])) * flush(bfloat16_bits_to_float(k[o])) : 0.0;
       const float s = flush(static_cast<float>(static_cast<double>(lanes[i]) + po));
       lanes[i] = flush(static_cast<float>(static_cast<double>(s) + pe));
     }
@@ -173,8 +175,8 @@ ROPE_ALWAYS_INLINE void bf16_scores_vdpbf16ps(const std::uint16_t* q, std::size_
 // Scores of the bf16 mode: out[r * stride] = tree(lanes of row r) * scale
 // for `rows` rows of q (q_stride values apart) against one key.
 template <class Arch>
-ROPE_ALWAYS_INLINE void bf16_scores(const std::uint16_t* q, std::size_t q_stride, std::size_t rows, const BFloat16* key, std::size_t d,
-                 float* out, std::size_t stride, float scale) noexcept {
+ROPE_ALWAYS_INLINE void bf16_scores(const std::uint16_t* q, std::size_t q_stride, std::size_t rows, const BFloat16* key,
+                                    std::size_t d, float* out, std::size_t stride, float scale) noexcept {
   alignas(64) float lanes[kBf16Lanes];
 #if defined(__x86_64__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__GNUC__)
   if constexpr (kBf16DotArch<Arch>) {
@@ -226,8 +228,9 @@ inline std::int32_t int8_sum(const std::int8_t* q, const std::int8_t* key, std::
 // The same sums by vpdpbusd over the key's bytes plus 128 (unsigned) and q
 // (signed), less 128 * sum_c q_c, for n <= 4 rows: each key block loaded
 // once, the four rows' lanes added together (integers: any order).
-ROPE_ALWAYS_INLINE void int8_sums_vpdpbusd(const std::int8_t* q, std::size_t q_stride, std::size_t n, const std::int8_t* key,
-                               std::size_t d, const std::int32_t* q_sums, std::int32_t* out) noexcept {
+ROPE_ALWAYS_INLINE void int8_sums_vpdpbusd(const std::int8_t* q, std::size_t q_stride, std::size_t n,
+                                           const std::int8_t* key, std::size_t d, const std::int32_t* q_sums,
+                                           std::int32_t* out) noexcept {
   __m512i s[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (std::size_t base = 0; base < d; base += kInt8Block) {
@@ -257,8 +260,8 @@ ROPE_ALWAYS_INLINE void int8_sums_vpdpbusd(const std::int8_t* q, std::size_t q_s
 // byte sum at q_scales[r], q_sums[r]) against one key.
 template <class Arch>
 ROPE_ALWAYS_INLINE void int8_scores(const std::int8_t* q, std::size_t q_stride, std::size_t rows, const float* q_scales,
-                 const std::int32_t* q_sums, const std::int8_t* key, std::size_t d, float* out, std::size_t stride,
-                 float scale) noexcept {
+                                    const std::int32_t* q_sums, const std::int8_t* key, std::size_t d, float* out,
+                                    std::size_t stride, float scale) noexcept {
 #if defined(__x86_64__) && defined(__AVX512BW__) && defined(__GNUC__)
   if constexpr (std::is_base_of<xsimd::avx512bw, Arch>::value) {
     if (avx512_vnni_runs<Arch>() && products_hardware_allowed()) {
@@ -266,7 +269,8 @@ ROPE_ALWAYS_INLINE void int8_scores(const std::int8_t* q, std::size_t q_stride, 
       for (std::size_t r = 0; r < rows; r += 4) {
         const std::size_t n = rows - r < 4 ? rows - r : 4;
         int8_sums_vpdpbusd(q + r * q_stride, q_stride, n, key, d, q_sums + r, sums);
-        for (std::size_t i = 0; i < n; ++i) out[(r + i) * stride] = (static_cast<float>(sums[i]) * q_scales[r + i]) * scale;
+        for (std::size_t i = 0; i < n; ++i)
+          out[(r + i) * stride] = (static_cast<float>(sums[i]) * q_scales[r + i]) * scale;
       }
       return;
     }

@@ -117,22 +117,24 @@ void level_scores(const float* qt, std::size_t rs, const float* keys, std::size_
     for (; b + T::kRowBatches <= batches; b += T::kRowBatches) {
       detail::level_scores_tile<T::kKeys, T::kRowBatches, Arch>(qt + b * L, rs, keys + j * d, d, st + j * rs + b * L);
     }
-    for (; b < batches; ++b) detail::level_scores_tile<T::kKeys, 1, Arch>(qt + b * L, rs, keys + j * d, d, st + j * rs + b * L);
+    for (; b < batches; ++b)
+      detail::level_scores_tile<T::kKeys, 1, Arch>(qt + b * L, rs, keys + j * d, d, st + j * rs + b * L);
   }
   for (; j < n; ++j) {
     std::size_t b = 0;
     for (; b + T::kRowBatches <= batches; b += T::kRowBatches) {
       detail::level_scores_tile<1, T::kRowBatches, Arch>(qt + b * L, rs, keys + j * d, d, st + j * rs + b * L);
     }
-    for (; b < batches; ++b) detail::level_scores_tile<1, 1, Arch>(qt + b * L, rs, keys + j * d, d, st + j * rs + b * L);
+    for (; b < batches; ++b)
+      detail::level_scores_tile<1, 1, Arch>(qt + b * L, rs, keys + j * d, d, st + j * rs + b * L);
   }
 }
 
 // acc[r * as + c] += sum_j wt[j * rs + r] * values[j * dv + c], j in key
 // order, for rows r < rows and channels c < dv (see the header comment).
 template <class Arch = xsimd::default_arch>
-void level_values(const float* wt, std::size_t rs, std::size_t rows, const float* values, std::size_t n,
-                  std::size_t dv, float* acc, std::size_t as) noexcept {
+void level_values(const float* wt, std::size_t rs, std::size_t rows, const float* values, std::size_t n, std::size_t dv,
+                  float* acc, std::size_t as) noexcept {
   using T = detail::LevelTiles<Arch>;
   constexpr std::size_t L = xsimd::batch<float, Arch>::size;
   constexpr std::size_t C = T::kValueBatches * L;
