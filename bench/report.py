@@ -65,12 +65,15 @@ def load(path):
     aggregates = {}   # name -> aggregate_name -> fields
     variation = {}    # name -> coefficient of variation of the time, a fraction
     iterations = {}   # name -> [fields, ...]
+    labels = {}       # name -> the case's label (e.g. the instruction set a mode ran on)
     repetitions = 1
     for entry in doc.get("benchmarks", []):
         if entry.get("error_occurred"):
             continue
         name = base_name(entry.get("run_name") or entry.get("name", ""))
         repetitions = max(repetitions, int(entry.get("repetitions", 1) or 1))
+        if isinstance(entry.get("label"), str) and entry["label"]:
+            labels[name] = entry["label"]
         if entry.get("run_type") == "aggregate":
             if entry.get("aggregate_unit", "time") != "time":
                 # The coefficient of variation: unitless, not scaled by time_unit.
@@ -91,6 +94,8 @@ def load(path):
             runs = iterations[name]
             keys = set().union(*runs)
             cases[name] = {k: statistics.median(r[k] for r in runs if k in r) for k in keys}
+        if name in labels:
+            cases[name] = dict(cases[name], label=labels[name])
     return doc.get("context", {}), cases, repetitions, variation
 
 
@@ -467,6 +472,76 @@ def fused_rows(rep):
                         wall(unfused) / wall(fused))
 
 
+def mode_rows(rep):
+    """The product modes of the batch decode step (bench/bench_batch.cpp):
+    bf16 products over a bf16 cache and int8 products over an int8 cache,
+    each against the exact mode over the same cache in the same iterations
+    (vs_exact), with the instruction set the scores ran on (the case's
+    label)."""
+    section = "product modes"
+    batch = "16 sequences, 32k tokens, 32/8 heads, d 128, paged, T1"
+    for mode, exact in (("bf16dot", "bf16"), ("i8dot", "i8")):
+        case = rep.get("attention/batch_decode/{}/paged/T1".format(mode))
+        if not case:
+            continue
+        how = case.get("label", "")
+        figure = "batch_decode {} / exact {} (speed){}".format(mode, exact, ", " + how if how else "")
+        rep.ratio(section, figure, batch, "attention/batch_decode/{}/paged/T1".format(mode),
+                  "attention/batch_decode/{}/paged/T1".format(exact), basis="time", paired="vs_exact")
+
+
+def mla_rows(rep):
+    """MLA over a latent cache and DeepSeek's sparse attention
+    (bench/bench_mla.cpp): each against a bare f32 GEMM of the same FLOPs
+    (GFLOP/s), threads, and the absorbed prefill against the unabsorbed one
+    by prompt length (where the crossover lies)."""
+    section = "MLA and sparse"
+    decode = "16 sequences, 32k tokens, 128 heads, latent 512 + rope 64"
+    for kv in ("f32", "bf16", "i8"):
+        rep.ratio(section, "mla_decode {} T1 / GEMM of its FLOPs (rate)".format(kv), decode,
+                  "attention/mla_decode/{}/T1".format(kv), "attention/mla_decode/gemm", basis="time",
+                  target=at_least(0.8) if kv == "bf16" else None, paired="vs_gemm")
+        rep.ratio(section, "mla_decode {}: T2 / T1 (speed)".format(kv), decode,
+                  "attention/mla_decode/{}/T2".format(kv), "attention/mla_decode/{}/T1".format(kv), basis="time",
+                  target=at_least(1.8) if kv == "bf16" else None, paired="vs_T1")
+    rep.ratio(section, "mla_prefill bf16 / GEMM of its FLOPs (rate)", "2048-token prompt, 128 heads",
+              "attention/mla_prefill/bf16", "attention/mla_prefill/gemm", basis="time", target=at_least(0.8),
+              paired="vs_gemm")
+    rep.ratio(section, "dsa_decode bf16 T1 / GEMM of its FLOPs (rate)", "16 sequences of 32k, top-2048, 128 heads",
+              "attention/dsa_decode/bf16/T1", "attention/dsa_decode/gemm", basis="time", target=at_least(0.7),
+              paired="vs_gemm")
+    for length in (128, 256, 512, 1024):
+        rep.ratio(section, "mla prefill absorbed / unabsorbed (speed)", "{}-token prompt".format(length),
+                  "attention/mla_prefill_sweep/absorbed/L{}".format(length),
+                  "attention/mla_prefill_sweep/unabsorbed/L{}".format(length), basis="time",
+                  paired="vs_unabsorbed")
+
+
+def serving_rows(rep):
+    """Shared prefixes, tree verify and shift (bench/bench_cascade.cpp), with
+    the targets of the issue that asked for them. Times are wall times."""
+    section = "cascade, tree, shift"
+    shared = "16 sequences, 4096-token shared prefix + 512 each, 32/8 heads, d 128, T1"
+    for kv in ("bf16", "i8"):
+        name = "attention/shared_prefix/{}/{}".format
+        rep.ratio(section, "shared_prefix {} cascade / plain (speed)".format(kv), shared, name(kv, "cascade"),
+                  name(kv, "plain"), basis="time", target=at_least(4), paired="vs_plain")
+        case, read = rep.get(name(kv, "cascade")), rep.get("attention/shared_prefix/read/" + kv)
+        figure = "shared_prefix {} cascade time / read of the unique bytes".format(kv)
+        if case and case.get("vs_read"):
+            rep.add(section, figure, shared, 1.0 / case["vs_read"], at_most(1.5))
+        elif case and read:
+            rep.add(section, figure, shared, wall(case) / wall(read), at_most(1.5))
+    tree, chain = rep.get("attention/tree_verify/bf16"), rep.get("attention/tree_verify/chain/bf16")
+    if tree and chain:
+        rep.add(section, "tree_verify bf16 time / the causal chunk's", "16 sequences of 4k, 32 draft tokens each",
+                1.0 / tree["vs_chain"] if tree.get("vs_chain") else wall(tree) / wall(chain), at_most(1.2))
+    shift, copy = rep.get("attention/shift/bf16"), rep.get("attention/shift/memcpy/bf16")
+    if shift and copy:
+        rep.add(section, "shift bf16 time / memcpy of the keys it rewrites", "4096 keys, 8 heads, d 128, by 1024",
+                1.0 / shift["vs_memcpy"] if shift.get("vs_memcpy") else wall(shift) / wall(copy), at_most(1.3))
+
+
 def plot_attention(series, path):
     try:
         import matplotlib
@@ -514,7 +589,8 @@ def context_line(context, repetitions):
 def headline(row):
     """The rows a reader decides by: every target, and one figure per question."""
     section, figure, shape, _, target, _ = row
-    if target or section in ("table build", "attention", "batch decode", "fused append"):
+    if target or section in ("table build", "attention", "batch decode", "fused append", "product modes",
+                             "MLA and sparse", "cascade, tree, shift"):
         return True
     big = "prefill" in shape
     if section == "builds":
@@ -576,10 +652,14 @@ def main(argv):
     attention_rows(rep, series)
     batch_rows(rep)
     fused_rows(rep)
+    mode_rows(rep)
+    mla_rows(rep)
+    serving_rows(rep)
 
     order = ["bandwidth vs memcpy", "builds", "simd vs reference", "pairings",
              "placement, direction, alignment", "bf16 vs f32", "threads", "decode step",
-             "table build", "attention", "batch decode", "fused append"]
+             "table build", "attention", "batch decode", "fused append", "product modes", "MLA and sparse",
+             "cascade, tree, shift"]
     rows = sorted(rep.rows, key=lambda r: order.index(r[0]))  # stable within a section
     shown = rows if args.all else [r for r in rows if headline(r)]
     print("rope_bench report: " + context_line(context, repetitions))
