@@ -16,7 +16,7 @@
 #include <string>
 #include <type_traits>
 
-#include "detail/error.hpp"
+#include "detail/fail.hpp"
 #include "detail/sincos.hpp"
 #include "frequencies.hpp"
 

@@ -31,8 +31,8 @@
 #include "options.hpp"
 #include "style.hpp"
 #include "table.hpp"
-#include "tensor/checks.hpp"
 #include "tensor/dispatch_table.hpp"
+#include "tensor/shared_checks.hpp"
 #include "tensor/token_loop.hpp"
 #include "view.hpp"
 

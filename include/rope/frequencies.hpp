@@ -22,7 +22,7 @@
 #include <variant>
 #include <vector>
 
-#include "detail/error.hpp"
+#include "detail/fail.hpp"
 
 namespace rope {
 

@@ -70,5 +70,5 @@ ROPE_HF_ENTRY_POINT ModelRope load(const std::string& path, const ParseOptions& 
 #undef ROPE_HF_ENTRY_POINT
 
 #if !defined(ROPE_HF_CONFIG_LIBRARY)
-#include "hf/entry_points.hpp"
+#include "hf/definitions.hpp"
 #endif

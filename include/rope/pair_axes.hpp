@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "detail/error.hpp"
+#include "detail/fail.hpp"
 
 namespace rope {
 

@@ -15,7 +15,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "detail/error.hpp"
+#include "detail/fail.hpp"
 
 namespace rope {
 

@@ -28,7 +28,7 @@
 #include <utility>
 #include <vector>
 
-#include "detail/error.hpp"
+#include "detail/fail.hpp"
 #include "detail/sincos.hpp"
 #include "frequencies.hpp"
 

@@ -1,7 +1,7 @@
 // The serving path compiled once: append (both forms) and attend for every
 // cache type and every row type, for the users of rope::attention built
 // with -DROPE_ATTENTION_LIBRARY=ON (cmake/ropeAttentionLibrary.cmake), whose
-// translation units see the forwarders of entry_points.hpp only. Compiled
+// translation units see the forwarders of forwarders.hpp only. Compiled
 // with the build's flags; its attend takes the decode loop rope::dispatch
 // installed, where a program installs one (dispatch.md).
 #if !defined(ROPE_ATTENTION_LIBRARY)

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include <rope/attention/dispatch_slots.hpp>
-#include <rope/detail/error.hpp>
+#include <rope/detail/fail.hpp>
 #include <rope/detail/simd.hpp>
 #include <rope/tensor/dispatch_table.hpp>
 

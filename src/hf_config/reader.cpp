@@ -6,4 +6,4 @@
 #error "src/hf_config/reader.cpp is built with ROPE_HF_CONFIG_LIBRARY defined (the rope_hf_config_reader target)"
 #endif
 
-#include <rope/hf/entry_points.hpp>
+#include <rope/hf/definitions.hpp>

@@ -34,10 +34,10 @@
 #include "../detail/stream.hpp"
 #include "../options.hpp"
 #include "../pair_axes.hpp"
-#include "../tensor/checks.hpp"
+#include "../tensor/shared_checks.hpp"
 #include "../tensor/view_checks.hpp"
 #include "cache.hpp"
-#include "entry_points.hpp"
+#include "forwarders.hpp"
 #include "plan.hpp"
 #include "pre_attention.hpp"
 #include "rotation.hpp"
@@ -234,7 +234,7 @@ void run_append(const Plan& plan, const PagedCache<E>& cache, const View<const I
   });
 }
 
-// append (entry_points.hpp), checked and run: the step before attention
+// append (forwarders.hpp), checked and run: the step before attention
 // for one layer, one pass per token (see the header comment): q [tokens, q_heads, head_dim] normalized and rotated into
 // q_out (q_out may be q itself: in place), k and v [tokens, kv_heads,
 // head_dim] (v: v_head_dim) written into the slots of the plan's tokens,
@@ -293,7 +293,7 @@ void append_call(const Plan& plan, const PagedCache<E>& cache, const View<const 
   detail::run_append<In, QO, E, A>(plan, cache, q, k, v, q_out, k_back, options, p);
 }
 
-// append's K/V form (entry_points.hpp), checked and run: new keys and values into the plan's slots, K normalized
+// append's K/V form (forwarders.hpp), checked and run: new keys and values into the plan's slots, K normalized
 // (options.k_norm) and rotated first; no Q (options.q_norm refused). The
 // caller rotates Q itself at plan.positions(), or its layer has no RoPE.
 template <class In, class E, class Arch>

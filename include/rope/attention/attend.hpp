@@ -41,7 +41,7 @@
 #include "cache.hpp"
 #include "cascade_attend.hpp"
 #include "dispatch_slots.hpp"
-#include "entry_points.hpp"
+#include "forwarders.hpp"
 #include "logits.hpp"
 #include "masks.hpp"
 #include "plan.hpp"
@@ -301,7 +301,7 @@ void run_attend(const Plan& plan, const PagedCache<E>& cache, const View<const Q
                              [&](std::size_t i, std::size_t w) { run.merge(i, scratch_at(base + w * per, p)); });
 }
 
-// attend (entry_points.hpp), checked and run: attention of the plan's new
+// attend (forwarders.hpp), checked and run: attention of the plan's new
 // tokens over a cache that holds their keys and values (append, or the
 // caller's own writes) — see the header comment. q:
 // [tokens, q_heads, head_dim], read-only or not; out: [tokens, q_heads,

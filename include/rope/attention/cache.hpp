@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "../kernels/kv_planes.hpp"
-#include "../tensor/checks.hpp"
+#include "../tensor/shared_checks.hpp"
 #include "../tensor/view_checks.hpp"
 #include "../view.hpp"
 

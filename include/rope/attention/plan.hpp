@@ -38,10 +38,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "../detail/error.hpp"
+#include "../detail/fail.hpp"
 #include "../executor.hpp"
 #include "../products.hpp"
-#include "../tensor/checks.hpp"
+#include "../tensor/shared_checks.hpp"
 #include "cache.hpp"
 #include "cascade.hpp"
 #include "tree.hpp"

@@ -14,11 +14,11 @@
 #include <cstddef>
 #include <cstring>
 
-#include "../detail/error.hpp"
+#include "../detail/fail.hpp"
 #include "../kernels/rotate.hpp"
 #include "../style.hpp"
 #include "../table.hpp"
-#include "../tensor/checks.hpp"
+#include "../tensor/shared_checks.hpp"
 
 namespace rope::attention {
 

@@ -17,7 +17,7 @@
 #pragma once
 
 #include "cache.hpp"
-#include "entry_points.hpp"
+#include "forwarders.hpp"
 #include "logits.hpp"
 #include "masks.hpp"
 #include "plan.hpp"
@@ -27,7 +27,7 @@
 
 // Header-only: the checked calls, compiled in this unit. With
 // ROPE_ATTENTION_LIBRARY, rope's attention library holds them
-// (entry_points.hpp).
+// (forwarders.hpp).
 #if !defined(ROPE_ATTENTION_LIBRARY)
 #include "append.hpp"
 #include "attend.hpp"

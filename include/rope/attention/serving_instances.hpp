@@ -1,5 +1,5 @@
 // rope/attention/serving_instances.hpp — the combinations of element types
-// rope's attention library compiles (entry_points.hpp, src/attention/
+// rope's attention library compiles (forwarders.hpp, src/attention/
 // serving.cpp): for every cache type E (float, BFloat16, Float16, int8),
 // append with rows In and q_out QO, append's K/V form with rows In, and
 // attend with q rows Q and out rows O, each of float, BFloat16, Float16.

@@ -36,7 +36,7 @@
 #include "../executor.hpp"
 #include "../kernels/kv_store.hpp"
 #include "../kernels/rotate.hpp"
-#include "../tensor/checks.hpp"
+#include "../tensor/shared_checks.hpp"
 #include "cache.hpp"
 #include "rotation.hpp"
 

@@ -11,8 +11,8 @@
 #include <Eigen/Core>
 
 #include "../executor.hpp"
+#include "call_checks.hpp"
 #include "call_options.hpp"
-#include "checks.hpp"
 #include "logits.hpp"
 #include "masks.hpp"
 #include "rotation.hpp"

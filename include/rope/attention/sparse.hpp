@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "../detail/error.hpp"
+#include "../detail/fail.hpp"
 #include "masks.hpp"
 #include "plan.hpp"
 

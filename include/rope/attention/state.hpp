@@ -23,7 +23,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "../detail/error.hpp"
+#include "../detail/fail.hpp"
 #include "../half.hpp"
 #include "../kernels/scores.hpp"
 #include "../tensor/view_checks.hpp"

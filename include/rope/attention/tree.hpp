@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "../detail/error.hpp"
+#include "../detail/fail.hpp"
 
 namespace rope::attention::detail {
 

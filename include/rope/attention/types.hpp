@@ -17,7 +17,7 @@
 
 #include <Eigen/Core>
 
-#include "../detail/error.hpp"
+#include "../detail/fail.hpp"
 #include "../view.hpp"
 #include "rotation.hpp"
 

@@ -12,7 +12,7 @@
 #include <variant>
 #include <vector>
 
-#include "../detail/error.hpp"
+#include "../detail/fail.hpp"
 #include "../frequencies.hpp"
 #include "../pair_axes.hpp"
 #include "../style.hpp"

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../detail/error.hpp"
+#include "../detail/fail.hpp"
 
 namespace rope::hf::detail {
 

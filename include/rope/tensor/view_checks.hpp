@@ -14,7 +14,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "../detail/error.hpp"
+#include "../detail/fail.hpp"
 #include "../detail/inline.hpp"
 #include "../view.hpp"
 

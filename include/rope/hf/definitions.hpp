@@ -1,4 +1,4 @@
-// rope/hf/entry_points.hpp — the definitions of rope::hf::parse, from_json
+// rope/hf/definitions.hpp — the definitions of rope::hf::parse, from_json
 // and load, declared in hf_config.hpp: inline there (header-only), or
 // compiled once into the library of src/hf_config/reader.cpp when
 // ROPE_HF_CONFIG_LIBRARY is defined. Internal to rope::hf: include
@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../detail/error.hpp"
+#include "../detail/fail.hpp"
 #include "../hf_config.hpp"
 #include "model.hpp"
 #include "read.hpp"

@@ -1,10 +1,10 @@
-// rope/tensor/checks.hpp — the checks the tensor API and the attention
+// rope/tensor/shared_checks.hpp — the checks the tensor API and the attention
 // module share, each written once: element types, the rotary width a call
 // asks for, positions against a table, grouped-query heads, thread counts.
 //
 // Every check throws rope::invalid_argument (rope::out_of_range for
 // positions) naming the public function and the argument as the caller
-// spelled it, before the call writes anything (detail/error.hpp).
+// spelled it, before the call writes anything (detail/fail.hpp).
 #pragma once
 
 #include <cstddef>
@@ -12,7 +12,7 @@
 #include <string>
 #include <type_traits>
 
-#include "../detail/error.hpp"
+#include "../detail/fail.hpp"
 #include "../half.hpp"
 #include "../options.hpp"
 #include "view_checks.hpp"

@@ -1,4 +1,4 @@
-// rope/attention/entry_points.hpp — append and attend as a user's
+// rope/attention/forwarders.hpp — append and attend as a user's
 // translation unit sees them: their options, and thin forwarders to the
 // checked calls (append.hpp, attend.hpp, where the contracts are spelled
 // out). Header-only by default: the calls are compiled in every unit that

@@ -1,4 +1,4 @@
-// rope/detail/error.hpp — the one way every layer of rope reports bad input.
+// rope/detail/fail.hpp — the one way every layer of rope reports bad input.
 //
 //   "<function>: <argument> must be <requirement>, got <value>"
 //

@@ -1,8 +1,8 @@
-// rope/attention/checks.hpp — the checks every attention call makes before
+// rope/attention/call_checks.hpp — the checks every attention call makes before
 // it writes anything: its MaskOptions, its Rotation against the table and
 // the rows it rotates, and multi-head views. Positions, rotary widths and
 // grouped-query heads are checked as the tensor API checks them
-// (tensor/checks.hpp), so a message reads the same from either.
+// (tensor/shared_checks.hpp), so a message reads the same from either.
 #pragma once
 
 #include <cstddef>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "../tensor/checks.hpp"
+#include "../tensor/shared_checks.hpp"
 #include "masks.hpp"
 #include "types.hpp"
 
