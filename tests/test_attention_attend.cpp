@@ -42,6 +42,7 @@
 
 #include <rope/attention.hpp>
 #include <rope/frequencies.hpp>
+#include <rope/kernels/kv_decode.hpp>  // kAttendMaxChunk, which a compiled attention library does not bring
 #include <rope/table.hpp>
 
 #include "archs.hpp"

@@ -412,8 +412,10 @@ TEST(AttentionPlan, RefusedOneSequencePlanLeavesNoPlan) {
   const auto cache = PagedCache<float>::contiguous(View<float>::token_major(k.data(), capacity, kv_heads, d),
                                                    View<float>::token_major(v.data(), capacity, kv_heads, dv));
   const ra::Shape shape = ra::Shape::of(cache, 4);
-  for (const auto& [cached, n] : std::vector<std::pair<std::size_t, std::size_t>>{
+  for (const auto& case_ : std::vector<std::pair<std::size_t, std::size_t>>{
            {40, 1}, {0, 41}, {30, 11}, {static_cast<std::size_t>(-1), 2}}) {
+    // Named copies, not a structured binding: a lambda captures them (C++17).
+    const std::size_t cached = case_.first, n = case_.second;
     Plan p;
     ra::plan(p, shape, 0, 1);
     const std::string msg = rope_test::thrown_message([&] { ra::plan(p, shape, cached, n); });

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include <rope/attention.hpp>
+#include <rope/kernels/kv_products.hpp>  // products_hardware_allowed, which a compiled attention library does not bring
 
 #include "attention_oracle.hpp"
 #include "executors.hpp"

@@ -350,9 +350,11 @@ TEST(AttentionState, AttendOverTwoKeySetsMergedEqualsAttendOverTheirUnion) {
           const at::SoftmaxRow ea = at::softmax_row(s[0], v[0], dv, sink);
           const at::SoftmaxRow eb = at::softmax_row(s[1], v[1], dv, -std::numeric_limits<LD>::infinity());
           const at::SoftmaxRow eu = at::softmax_row(s[2], v[2], dv, sink);
+          // A structured binding is not captured by a lambda in C++17 (clang 14 refuses it).
+          const std::size_t split_keys = split;
           auto bounds = [&](std::size_t part, const at::SoftmaxRow& e, double* out_bound, double* lse_bound) {
             const double n_keys = static_cast<double>(keys[part]);
-            const double parts = n_keys / static_cast<double>(split) + 2;
+            const double parts = n_keys / static_cast<double>(split_keys) + 2;
             *out_bound = max_v[part] * (2 * eps_s[part] + (3 * n_keys + 6 * parts + 30) * kEps);
             *lse_bound =
                 eps_s[part] + (n_keys + 6 * parts + 10) * kEps + 2 * kEps * std::fabs(static_cast<double>(e.lse));
