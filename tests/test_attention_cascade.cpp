@@ -43,6 +43,7 @@
 
 #include "attention_oracle.hpp"
 #include "executors.hpp"
+#include "kv_elements.hpp"
 
 namespace {
 
@@ -281,7 +282,14 @@ void oracle_row(const Pool<E>& pool, const ra::Plan& plan, const Step& step, con
 template <class E>
 class AttendCascade : public ::testing::Test {};
 using CacheTypes = ::testing::Types<float, BFloat16, Float16, std::int8_t>;
-TYPED_TEST_SUITE(AttendCascade, CacheTypes);
+// A name generator, which clang's -Wpedantic asks of TYPED_TEST_SUITE.
+struct CacheNames {
+  template <class E>
+  static std::string GetName(int) {
+    return rope_test::element_name<E>();
+  }
+};
+TYPED_TEST_SUITE(AttendCascade, CacheTypes, CacheNames);
 
 TYPED_TEST(AttendCascade, WithinTheBoundOfTheOracleAndOfThePlainStep) {
   using E = TypeParam;
