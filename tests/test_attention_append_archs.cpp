@@ -20,6 +20,9 @@
 #include <vector>
 
 #include <rope/attention.hpp>
+// The checked call's definition: the test calls it on architectures of its
+// own choosing, and a compiled attention library holds only its own.
+#include <rope/attention/append.hpp>
 
 #include "append_fixture.hpp"
 #include "archs.hpp"

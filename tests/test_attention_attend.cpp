@@ -41,6 +41,9 @@
 #include <vector>
 
 #include <rope/attention.hpp>
+// The checked call's definition: the test calls it on architectures of its
+// own choosing, and a compiled attention library holds only its own.
+#include <rope/attention/attend.hpp>
 #include <rope/frequencies.hpp>
 #include <rope/kernels/kv_decode.hpp>  // kAttendMaxChunk, which a compiled attention library does not bring
 #include <rope/table.hpp>
