@@ -25,6 +25,7 @@
 
 #include <rope/attention.hpp>
 #include <rope/detail/simd.hpp>
+#include <rope/kernels/kv_products.hpp>  // products_path, which a compiled attention library does not bring
 #include <xsimd/xsimd.hpp>
 
 #include "paired.hpp"
