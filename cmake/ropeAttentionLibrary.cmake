@@ -16,6 +16,12 @@
 # rope::dispatch's decode loop where the program installs it. STATIC unless
 # BUILD_SHARED_LIBS; position-independent either way.
 option(ROPE_ATTENTION_LIBRARY "Compile rope::attention's serving path once into a library instead of every user's translation unit" OFF)
+# ROPE_ATTENTION_LIBRARY_NATIVE=ON compiles the library with rope::native's
+# flags instead (-march=native), for a build whose users are compiled for
+# this machine too: rope's own tests hold the library's append and attend to
+# the bytes of the header-only calls on the same instruction set, which a
+# baseline library does not give (no fused multiply-adds).
+option(ROPE_ATTENTION_LIBRARY_NATIVE "Compile rope's attention library with rope::native's flags (for a build of this machine, e.g. rope's tests)" OFF)
 
 if(NOT ROPE_ATTENTION_LIBRARY)
   return()
@@ -30,6 +36,9 @@ set_target_properties(rope_attention_library PROPERTIES EXPORT_NAME attention_li
 target_link_libraries(rope_attention_library PUBLIC rope)
 target_compile_definitions(rope_attention_library PUBLIC ROPE_ATTENTION_LIBRARY=1)
 target_link_libraries(rope_attention INTERFACE rope_attention_library)
+if(ROPE_ATTENTION_LIBRARY_NATIVE)
+  target_link_libraries(rope_attention_library PRIVATE $<BUILD_INTERFACE:rope_native>)
+endif()
 foreach(_internal rope_warnings rope_sanitizers)
   if(TARGET ${_internal})
     target_link_libraries(rope_attention_library PRIVATE $<BUILD_INTERFACE:${_internal}>)

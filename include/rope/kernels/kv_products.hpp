@@ -62,8 +62,12 @@ constexpr std::size_t kBf16Block = 32;  // channels per block of the bf16 mode
 constexpr std::size_t kBf16Lanes = 16;
 constexpr std::size_t kInt8Block = 64;  // bytes per block of the int8 mode
 
-inline std::size_t bf16_row(std::size_t d) noexcept { return (d + kBf16Block - 1) / kBf16Block * kBf16Block; }
-inline std::size_t int8_row(std::size_t d) noexcept { return (d + kInt8Block - 1) / kInt8Block * kInt8Block; }
+ROPE_ALWAYS_INLINE std::size_t bf16_row(std::size_t d) noexcept {
+  return (d + kBf16Block - 1) / kBf16Block * kBf16Block;
+}
+ROPE_ALWAYS_INLINE std::size_t int8_row(std::size_t d) noexcept {
+  return (d + kInt8Block - 1) / kInt8Block * kInt8Block;
+}
 
 // Whether the running CPU has AVX512-VNNI (CPUID leaf 7, ECX bit 11), asked
 // once.
@@ -90,10 +94,10 @@ inline bool& products_hardware_allowed() noexcept {
 }
 
 // x flushed to a zero of its sign below 2^-126 (NaN and infinities kept).
-inline float flush(float x) noexcept { return std::fabs(x) < FLT_MIN ? std::copysign(0.0f, x) : x; }
+ROPE_ALWAYS_INLINE float flush(float x) noexcept { return std::fabs(x) < FLT_MIN ? std::copysign(0.0f, x) : x; }
 
 // The lanes' tree of the bf16 mode.
-inline float bf16_tree(const float* s) noexcept {
+ROPE_ALWAYS_INLINE float bf16_tree(const float* s) noexcept {
   float t[kBf16Lanes];
   for (std::size_t i = 0; i < kBf16Lanes; ++i) t[i] = s[i];
   for (std::size_t w = 1; w < kBf16Lanes; w *= 2) {
@@ -105,7 +109,7 @@ inline float bf16_tree(const float* s) noexcept {
 // A row of d floats as the bf16 mode's q: rounded to nearest even, a
 // subnormal result flushed to a zero of its sign, padded with +0 to a
 // whole block.
-inline void bf16_query(const float* x, std::size_t d, std::uint16_t* out) noexcept {
+ROPE_ALWAYS_INLINE void bf16_query(const float* x, std::size_t d, std::uint16_t* out) noexcept {
   for (std::size_t c = 0; c < d; ++c) {
     std::uint16_t b = float_to_bfloat16_bits(x[c]);
     if ((b & 0x7f80u) == 0) b &= 0x8000u;  // zero or subnormal: a zero of its sign
@@ -119,7 +123,7 @@ inline void bf16_query(const float* x, std::size_t d, std::uint16_t* out) noexce
 // double (two 8-bit significands), each sum rounded once to float (through
 // double: exact, or so far below the float's half ulp that the double's own
 // rounding cannot reach a float tie), then flushed.
-inline void bf16_lanes(const std::uint16_t* q, const BFloat16* key, std::size_t d, float* lanes) noexcept {
+ROPE_ALWAYS_INLINE void bf16_lanes(const std::uint16_t* q, const BFloat16* key, std::size_t d, float* lanes) noexcept {
   for (std::size_t i = 0; i < kBf16Lanes; ++i) lanes[i] = 0.0f;
   const auto* k = reinterpret_cast<const std::uint16_t*>(key);
   for (std::size_t base = 0; base < d; base += kBf16Block) {
@@ -198,7 +202,8 @@ ROPE_ALWAYS_INLINE void bf16_scores(const std::uint16_t* q, std::size_t q_stride
 // A row of d floats as the int8 mode's q (see the header comment): its
 // bytes padded with 0 to a whole block, its scale and the sum of its bytes;
 // false when the row holds a NaN or an infinity (its scores are NaN).
-inline bool int8_query(const float* x, std::size_t d, std::int8_t* out, float* scale, std::int32_t* sum) noexcept {
+ROPE_ALWAYS_INLINE bool int8_query(const float* x, std::size_t d, std::int8_t* out, float* scale,
+                                   std::int32_t* sum) noexcept {
   float top = 0.0f;
   bool finite = true;
   for (std::size_t c = 0; c < d; ++c) {
@@ -218,7 +223,7 @@ inline bool int8_query(const float* x, std::size_t d, std::int8_t* out, float* s
 }
 
 // sum_c q_c k_c of one row against one key, in integers.
-inline std::int32_t int8_sum(const std::int8_t* q, const std::int8_t* key, std::size_t d) noexcept {
+ROPE_ALWAYS_INLINE std::int32_t int8_sum(const std::int8_t* q, const std::int8_t* key, std::size_t d) noexcept {
   std::int32_t s = 0;
   for (std::size_t c = 0; c < d; ++c) s += static_cast<std::int32_t>(q[c]) * key[c];
   return s;
