@@ -263,7 +263,9 @@ void run_attend(const Plan& plan, const PagedCache<E>& cache, const View<const Q
   ws.partials.resize(work.partials * p.q_heads * (p.dv + 2));
   const std::size_t items = work.items.size();
   const std::size_t threads = std::max<std::size_t>(1, plan.threads().shares());
-  const std::size_t workers = std::max<std::size_t>(1, std::min(threads, items + work.cascade.items.size()));
+  // Scratch rows for each share of the items (and levels) and of the merges.
+  const std::size_t workers =
+      std::max<std::size_t>(1, std::min(threads, std::max(items + work.cascade.items.size(), work.merges.size())));
   const std::size_t per = scratch_floats(p);
   ws.rows.resize(workers * per + rope::detail::kLineFloats);
   float* base = rope::detail::line_start(ws.rows);

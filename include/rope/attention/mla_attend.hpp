@@ -374,7 +374,10 @@ void attend(const Plan& plan, const LatentCache<E>& cache, const View<LV>& q_lat
   const detail::MlaRun<QL, QP, E, O, Arch> run(plan, cache, q_lat, q_pe, out, lse, p, work, ws.partials.data());
   const std::size_t items = work.items.size();
   const std::size_t threads = std::max<std::size_t>(1, plan.threads().shares());
-  std::vector<detail::MlaScratch> scratch(std::max<std::size_t>(1, std::min(threads, items)));
+  // One scratch per share of the items and of the merges (a token whose
+  // sparse list is empty has a merge but no item).
+  std::vector<detail::MlaScratch> scratch(
+      std::max<std::size_t>(1, std::min(threads, std::max(items, work.merges.size()))));
   const Executor& executor = plan.threads().executor;
   rope::detail::parallel_for_costs(
       items, threads, executor,
