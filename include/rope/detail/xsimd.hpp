@@ -17,6 +17,9 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
+// xsimd 14 multiplies through `__int128`, which -Wpedantic reports where
+// its headers are not system headers (a -I path rather than -isystem).
+#pragma GCC diagnostic ignored "-Wpedantic"
 #endif
 
 #if defined(__x86_64__) || defined(__i386__)
