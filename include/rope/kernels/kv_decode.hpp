@@ -167,6 +167,70 @@ ROPE_ALWAYS_INLINE void score_products(const KvKeys<E>& a, const float* qp, cons
   }
 }
 
+// The second half of a chunk of attend_chunks, the same in every product
+// mode (a function of its own, so that the modes share its code): the
+// running softmax over the chunk's scores (rows of S at scores, capped
+// where a.softcap is set), int8 weights times their values' scales, then
+// the weighted values added to ap, V tokens at a time head by head.
+template <std::size_t R, std::size_t D, class E, class Arch>
+void weigh_chunk(const KvKeys<E>& a, const ChunkRows<E, Arch>& rows, std::size_t count, float* scores, float* ap,
+                 float* m, float* l) noexcept {
+  const std::size_t H = a.q_heads, Hk = a.kv_heads, G = R > 0 ? R : H / Hk, dv = D > 0 ? D : a.dv, S = a.chunk;
+  constexpr std::size_t V = kAttendValueTokens;
+  for (std::size_t h = 0; h < H; ++h) {
+    float* sr = scores + h * S;
+    if (a.softcap > 0.0f) softcap_row<Arch>(sr, count, a.softcap);
+    const float mc = max_row<Arch>(sr, count);
+    const float m_new = mc > m[h] ? mc : m[h];
+    const float carried = carry(m[h], m_new);
+    const float sum = softmax_weights_row<Arch>(sr, sr, count, m_new, false);
+    l[h] = l[h] * carried + sum;
+    if (carried != 1.0f) {
+      for (std::size_t c = 0; c < dv; ++c) ap[h * dv + c] *= carried;
+    }
+    m[h] = m_new;
+  }
+  if (a.v_scales != nullptr) {
+    // int8: each weight times its value's scale, once (weighted_kv
+    // would multiply them again for every block of channels), a row of
+    // weights at a time.
+    float vs[kAttendMaxChunk];
+    for (std::size_t g = 0; g < Hk; ++g) {
+      for (std::size_t t = 0; t < count; ++t) vs[t] = a.v_scales[rows.slots[t] * Hk + g];
+      for (std::size_t r = 0; r < G; ++r) multiply_row<Arch>(scores + (g * G + r) * S, vs, count);
+    }
+  }
+  // The weighted values, V tokens at a time head by head: each sum adds
+  // the chunk's values in token order whatever V is, so the same bits.
+  // Meanwhile the next V tokens' value rows are asked for, one row per
+  // value of the first pass over the channels, in memory order.
+  for (std::size_t s0 = 0; s0 < count; s0 += V) {
+    const std::size_t n = count - s0 < V ? count - s0 : V;
+    const std::size_t ask_end = s0 + 2 * V < count ? s0 + 2 * V : count;
+    std::size_t pu = s0 + V, ph = 0;  // the token and head asked for next
+    for (std::size_t g = 0; g < Hk; ++g) {
+      const float* w = scores + g * G * S + s0;
+      const std::size_t offset = g * a.v_head_stride;
+      float* ag = ap + g * G * dv;
+      const auto ask = [&]() noexcept {
+        if (pu < ask_end) {
+          prefetch_l2(rows.v[pu] + ph * a.v_head_stride, dv * sizeof(E));
+          if (++ph == Hk) {
+            ph = 0;
+            ++pu;
+          }
+        }
+      };
+      if constexpr (R > 0) {
+        weighted_kv_group<R, E, Arch, D>(
+            w, S, n, [&](std::size_t t) noexcept { return rows.v[s0 + t] + offset; }, nullptr, 0, dv, ag, dv, ask);
+      } else {
+        weighted_kv_rows<E, Arch>(w, S, G, n, rows.v + s0, offset, dv, ag, dv, ask);
+      }
+    }
+  }
+}
+
 // attend_keys' chunks, for R query heads per key/value head and D channels
 // of keys and values known at compile time (the dot products inline in the
 // token loop, every loop over channels unrolled), or R = D = 0 for any.
@@ -251,58 +315,7 @@ void attend_chunks(const KvKeys<E>& a, const float* qp, float* scores, float* ap
       while (i + KK <= count) score(std::integral_constant<std::size_t, KK>{});
     }
     while (i < count) score(std::integral_constant<std::size_t, 1>{});
-    for (std::size_t h = 0; h < H; ++h) {
-      float* sr = scores + h * S;
-      if (a.softcap > 0.0f) softcap_row<Arch>(sr, count, a.softcap);
-      const float mc = max_row<Arch>(sr, count);
-      const float m_new = mc > m[h] ? mc : m[h];
-      const float carried = carry(m[h], m_new);
-      const float sum = softmax_weights_row<Arch>(sr, sr, count, m_new, false);
-      l[h] = l[h] * carried + sum;
-      if (carried != 1.0f) {
-        for (std::size_t c = 0; c < dv; ++c) ap[h * dv + c] *= carried;
-      }
-      m[h] = m_new;
-    }
-    if (a.v_scales != nullptr) {
-      // int8: each weight times its value's scale, once (weighted_kv
-      // would multiply them again for every block of channels), a row of
-      // weights at a time.
-      float vs[kAttendMaxChunk];
-      for (std::size_t g = 0; g < Hk; ++g) {
-        for (std::size_t t = 0; t < count; ++t) vs[t] = a.v_scales[rows.slots[t] * Hk + g];
-        for (std::size_t r = 0; r < G; ++r) multiply_row<Arch>(scores + (g * G + r) * S, vs, count);
-      }
-    }
-    // The weighted values, V tokens at a time head by head: each sum adds
-    // the chunk's values in token order whatever V is, so the same bits.
-    // Meanwhile the next V tokens' value rows are asked for, one row per
-    // value of the first pass over the channels, in memory order.
-    for (std::size_t s0 = 0; s0 < count; s0 += V) {
-      const std::size_t n = count - s0 < V ? count - s0 : V;
-      const std::size_t ask_end = s0 + 2 * V < count ? s0 + 2 * V : count;
-      std::size_t pu = s0 + V, ph = 0;  // the token and head asked for next
-      for (std::size_t g = 0; g < Hk; ++g) {
-        const float* w = scores + g * G * S + s0;
-        const std::size_t offset = g * a.v_head_stride;
-        float* ag = ap + g * G * dv;
-        const auto ask = [&]() noexcept {
-          if (pu < ask_end) {
-            prefetch_l2(rows.v[pu] + ph * a.v_head_stride, dv * sizeof(E));
-            if (++ph == Hk) {
-              ph = 0;
-              ++pu;
-            }
-          }
-        };
-        if constexpr (R > 0) {
-          weighted_kv_group<R, E, Arch, D>(
-              w, S, n, [&](std::size_t t) noexcept { return rows.v[s0 + t] + offset; }, nullptr, 0, dv, ag, dv, ask);
-        } else {
-          weighted_kv_rows<E, Arch>(w, S, G, n, rows.v + s0, offset, dv, ag, dv, ask);
-        }
-      }
-    }
+    weigh_chunk<R, D, E, Arch>(a, rows, count, scores, ap, m, l);
   }
 }
 
