@@ -19,15 +19,13 @@
 #include <vector>
 
 #include <unistd.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
 
 #include <rope/attention.hpp>
 #include <rope/detail/simd.hpp>
 #include <rope/kernels/kv_products.hpp>  // products_path, which a compiled attention library does not bring
 #include <xsimd/xsimd.hpp>
 
+#include "memory.hpp"
 #include "paired.hpp"
 #include "shapes.hpp"
 
@@ -65,41 +63,12 @@ constexpr std::uint32_t kShuffleSeed = 20240611;
 
 enum class Layout { contiguous, paged };
 
-// Values in [-0.5, 0.5): xorshift, cheap enough to fill 64M floats.
-struct Noise {
-  std::uint32_t s;
-  float operator()() noexcept {
-    s ^= s << 13;
-    s ^= s >> 17;
-    s ^= s << 5;
-    return static_cast<float>(s >> 8) * (1.0f / 16777216.0f) - 0.5f;
-  }
-};
-
 // The K, V (and scale) bytes a call reads for these lengths.
 template <class E>
 std::size_t kv_bytes(const std::vector<std::int64_t>& lengths) {
   const std::size_t tokens = static_cast<std::size_t>(std::accumulate(lengths.begin(), lengths.end(), std::int64_t{0}));
   const std::size_t per_row = kHeadDim * sizeof(E) + (rope::KvElement<E>::kScaled ? sizeof(float) : 0);
   return 2 * tokens * kKvHeads * per_row;
-}
-
-// One SIMD pass summing n 32-bit words: a read of exactly those bytes, the
-// limit of a decode step, which only reads its cache.
-inline std::uint32_t sum_words(const std::uint32_t* p, std::size_t n) noexcept {
-  using B = xsimd::batch<std::uint32_t>;
-  constexpr std::size_t W = B::size;
-  B a0(0u), a1(0u), a2(0u), a3(0u);
-  std::size_t i = 0;
-  for (; i + 4 * W <= n; i += 4 * W) {
-    a0 += B::load_unaligned(p + i);
-    a1 += B::load_unaligned(p + i + W);
-    a2 += B::load_unaligned(p + i + 2 * W);
-    a3 += B::load_unaligned(p + i + 3 * W);
-  }
-  std::uint32_t s = rope::detail::sum_lanes((a0 + a1) + (a2 + a3));
-  for (; i < n; ++i) s += p[i];
-  return s;
 }
 
 // What BatchCaches::evict reads where the system does not say how large
@@ -264,26 +233,11 @@ struct BatchCase : Held {
   }
 
   // Writes back and drops from every cache level the lines of the bytes a
-  // call reads (x86: CLFLUSHOPT where the build targets it, else CLFLUSH);
-  // false where the instruction set has no such instruction.
+  // call reads (flush_bytes); false where the instruction set cannot.
   bool flush() const {
-#if defined(__x86_64__) || defined(__i386__)
-    each_run([](const void* p, std::size_t bytes) {
-      const auto first = reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t{63};
-      const auto end = reinterpret_cast<std::uintptr_t>(p) + bytes;
-      for (std::uintptr_t line = first; line < end; line += 64) {
-#if defined(__CLFLUSHOPT__)
-        _mm_clflushopt(reinterpret_cast<void*>(line));
-#else
-        _mm_clflush(reinterpret_cast<const void*>(line));
-#endif
-      }
-    });
-    _mm_mfence();
-    return true;
-#else
-    return false;
-#endif
+    bool flushed = true;
+    each_run([&](const void* p, std::size_t bytes) { flushed = flush_bytes(p, bytes) && flushed; });
+    return flushed;
   }
 
   ra::Batch batch() const noexcept {

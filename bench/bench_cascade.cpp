@@ -45,14 +45,11 @@
 #include <string>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
 #include <rope/attention.hpp>
 #include <rope/detail/simd.hpp>
 #include <xsimd/xsimd.hpp>
 
+#include "memory.hpp"
 #include "paired.hpp"
 #include "shapes.hpp"
 
@@ -65,46 +62,6 @@ constexpr std::size_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128, kPage = 16, kS
 constexpr std::size_t kPrefix = 4096, kOwn = 512, kCached = 4096, kTree = 32, kShiftKeys = 4096;
 constexpr std::int64_t kShiftDelta = 1024;
 constexpr std::uint32_t kSeed = 20261206;
-
-// Values in [-0.5, 0.5): xorshift.
-struct Noise {
-  std::uint32_t s;
-  float operator()() noexcept {
-    s ^= s << 13;
-    s ^= s >> 17;
-    s ^= s << 5;
-    return static_cast<float>(s >> 8) * (1.0f / 16777216.0f) - 0.5f;
-  }
-};
-
-// Drops the lines of [p, p + bytes) from every cache level (x86).
-void flush_bytes(const void* p, std::size_t bytes) {
-#if defined(__x86_64__) || defined(__i386__)
-  const auto first = reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t{63};
-  const auto end = reinterpret_cast<std::uintptr_t>(p) + bytes;
-  for (std::uintptr_t line = first; line < end; line += 64) _mm_clflush(reinterpret_cast<const void*>(line));
-  _mm_mfence();
-#else
-  (void)p;
-  (void)bytes;
-#endif
-}
-
-std::uint32_t sum_words(const std::uint32_t* p, std::size_t n) noexcept {
-  using B = xsimd::batch<std::uint32_t>;
-  constexpr std::size_t W = B::size;
-  B a0(0u), a1(0u), a2(0u), a3(0u);
-  std::size_t i = 0;
-  for (; i + 4 * W <= n; i += 4 * W) {
-    a0 += B::load_unaligned(p + i);
-    a1 += B::load_unaligned(p + i + W);
-    a2 += B::load_unaligned(p + i + 2 * W);
-    a3 += B::load_unaligned(p + i + 3 * W);
-  }
-  std::uint32_t s = rope::detail::sum_lanes((a0 + a1) + (a2 + a3));
-  for (; i < n; ++i) s += p[i];
-  return s;
-}
 
 // A pool of `pages` pages of random rows of E (int8 with random scales).
 template <class E>

@@ -43,6 +43,7 @@
 
 #include <rope/attention.hpp>
 
+#include "memory.hpp"
 #include "paired.hpp"
 #include "shapes.hpp"
 
@@ -55,17 +56,6 @@ constexpr std::size_t kHeads = 128, kLatent = 512, kRope = 64, kWidth = kLatent 
 constexpr std::int64_t kDecodeLengths[] = {8192, 4096, 4096, 2048, 2048, 2048, 1536, 1536,
                                            1024, 1024, 1024, 1024, 768,  768,  512,  256};
 constexpr std::size_t kPrompt = 2048, kDsaLength = 32768, kTopK = 2048;
-
-// Values in [-1, 1): xorshift, cheap enough for a 600 MB cache.
-struct Noise {
-  std::uint32_t s;
-  float operator()() noexcept {
-    s ^= s << 13;
-    s ^= s >> 17;
-    s ^= s << 5;
-    return static_cast<float>(s >> 8) * (2.0f / 16777216.0f) - 1.0f;
-  }
-};
 
 // A latent cache of `lengths` sequences of random rows in shuffled pages,
 // the step's new tokens' queries, and its plan.
@@ -100,7 +90,7 @@ struct MlaCase {
       }
     }
     rows.resize(pages * kPage * kWidth);
-    Noise noise{12345};
+    Noise noise{12345, 1.0f};
     for (E& x : rows) x = static_cast<E>(rope::KvElement<E>::kScaled ? noise() * 127.0f : noise());
     if (rope::KvElement<E>::kScaled) {
       scales.resize(2 * pages * kPage);
@@ -134,7 +124,7 @@ struct MlaCase {
 struct Gemms {
   Mat q, keys, scores, acc;
   explicit Gemms(std::size_t rows, std::size_t max_keys) {
-    Noise noise{7};
+    Noise noise{7, 1.0f};
     q = Mat::NullaryExpr(static_cast<Eigen::Index>(rows), kWidth, [&] { return noise(); });
     keys = Mat::NullaryExpr(static_cast<Eigen::Index>(max_keys), kWidth, [&] { return noise(); });
     scores.resize(static_cast<Eigen::Index>(rows), static_cast<Eigen::Index>(max_keys));
@@ -261,7 +251,7 @@ struct Unabsorbed {
   Mat latent, weights, kv;
   std::vector<float> q, k, v, out, k_pe;
   explicit Unabsorbed(std::size_t tokens) : n(tokens) {
-    Noise noise{31};
+    Noise noise{31, 1.0f};
     const auto rows = static_cast<Eigen::Index>(n);
     latent = Mat::NullaryExpr(rows, kLatent, [&] { return noise(); });
     weights =
