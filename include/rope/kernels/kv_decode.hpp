@@ -241,12 +241,10 @@ void attend_chunks(const KvKeys<E>& a, const float* qp, float* scores, float* ap
   const std::size_t H = a.q_heads, Hk = a.kv_heads, G = R > 0 ? R : H / Hk, d = D > 0 ? D : a.d, dv = D > 0 ? D : a.dv,
                     S = a.chunk;
   const std::size_t end = a.first_key + a.keys;
-  // Keys scored at once: two in the compiled shapes where they fit (one in
-  // a product mode).
+  // Keys scored at once: two in the compiled shapes where they fit (one in a product mode).
   constexpr std::size_t KK = R > 0 && M == Products::exact ? kv_keys_at_once<R, E, Arch>() : 1;
   constexpr std::size_t V = kAttendValueTokens;
-  // This chunk's rows and the next one's, whose first tokens are asked for
-  // while the last of this one are worked on.
+  // This chunk's rows, and the next one's, asked for during this one's last.
   ChunkRows<E, Arch> chunks[2];
   std::size_t now = 0;
   if (a.first_key < end) chunks[0].find(a, a.first_key, end - a.first_key < S ? end - a.first_key : S);
