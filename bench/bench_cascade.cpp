@@ -14,6 +14,11 @@
 //                                read of the unique bytes (vs_read)
 //   shared_prefix/<kv>/plain     the same step without cascade, paired with
 //                                the read of the unique bytes (vs_read)
+//   shared_prefix/bf16dot/...    the bf16 steps in the bf16 product mode
+//                                (Shape::products; the cascade levels on AMX
+//                                tiles where the CPU has them), the cascade
+//                                also paired with the mode's plain step
+//                                (vs_dot_plain)
 //   shared_prefix/read/<kv>      one SIMD pass over a contiguous buffer of
 //                                the unique bytes: the prefix once and every
 //                                sequence's own keys (K, V, int8 scales)
@@ -43,9 +48,11 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <rope/attention.hpp>
+#include <rope/attention/cascade_tiles.hpp>  // level_tiles_run, which a compiled attention library does not bring
 #include <rope/detail/simd.hpp>
 #include <xsimd/xsimd.hpp>
 
@@ -133,6 +140,7 @@ struct PrefixCase {
   std::vector<float> q = std::vector<float>(kSequences * kQHeads * kHeadDim);
   std::vector<float> out = std::vector<float>(q.size());
   ra::Plan plain, cascade;
+  ra::Plan dot_plain, dot_cascade;              // bf16: the same in the bf16 product mode
   rope_bench::LineVector<std::uint32_t> words;  // the unique bytes, contiguous
 
   PrefixCase() {
@@ -151,6 +159,12 @@ struct PrefixCase {
     ra::plan(plain, shape, batch, 1);
     shape.cascade = true;
     ra::plan(cascade, shape, batch, 1);
+    if constexpr (std::is_same<E, rope::BFloat16>::value) {
+      shape.products = rope::Products::bf16;
+      ra::plan(dot_cascade, shape, batch, 1);
+      shape.cascade = false;
+      ra::plan(dot_plain, shape, batch, 1);
+    }
     std::size_t bytes = 0;
     each_unique([&](const void*, std::size_t n) { bytes += n; });
     words.resize(bytes / sizeof(std::uint32_t));
@@ -187,20 +201,27 @@ PrefixCase<E>& prefix_case() {
 }
 
 template <class E>
-void shared_prefix(benchmark::State& state, bool cascade) {
+void shared_prefix(benchmark::State& state, bool cascade, bool dot) {
   PrefixCase<E>& c = prefix_case<E>();
   c.attend(c.plain);  // the plans' scratch grown outside the timing
   c.attend(c.cascade);
+  if (dot) {
+    c.attend(c.dot_plain);
+    c.attend(c.dot_cascade);
+  }
   const std::function<void()> flush = [&c] { c.flush(); };
   const std::function<void()> flush_words = [&c] { flush_bytes(c.words.data(), c.words.size() * 4); };
   std::vector<rope_bench::BaselineCall> baselines;
   baselines.push_back({"vs_read", [&c] { c.read(); }, flush_words});
   if (cascade) baselines.push_back({"vs_plain", [&c] { c.attend(c.plain); }, flush});
-  const ra::Plan& plan = cascade ? c.cascade : c.plain;
+  if (dot && cascade) baselines.push_back({"vs_dot_plain", [&c] { c.attend(c.dot_plain); }, flush});
+  const ra::Plan& plan = dot ? (cascade ? c.dot_cascade : c.dot_plain) : (cascade ? c.cascade : c.plain);
   rope_bench::paired(
       state, 1, baselines, [&] { c.attend(plan); }, flush);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(c.words.size() * 4));
+  // 1 where the mode's cascade levels ran on AMX tiles (cascade_tiles.hpp).
+  if (dot) state.counters["tiles"] = ra::detail::level_tiles_run<xsimd::default_arch>() ? 1 : 0;
 }
 
 template <class E>
@@ -343,11 +364,14 @@ void shift_memcpy(benchmark::State& state) {
 template <class E>
 void register_prefix() {
   const std::string kv = KvName<E>::value;
-  for (const bool cascade : {true, false}) {
-    benchmark::RegisterBenchmark(("attention/shared_prefix/" + kv + (cascade ? "/cascade" : "/plain")).c_str(),
-                                 shared_prefix<E>, cascade)
-        ->Unit(benchmark::kMillisecond)
-        ->UseManualTime();
+  for (const bool dot : {false, true}) {
+    if (dot && !std::is_same<E, rope::BFloat16>::value) continue;
+    for (const bool cascade : {true, false}) {
+      const std::string name = "attention/shared_prefix/" + kv + (dot ? "dot" : "") + (cascade ? "/cascade" : "/plain");
+      benchmark::RegisterBenchmark(name.c_str(), shared_prefix<E>, cascade, dot)
+          ->Unit(benchmark::kMillisecond)
+          ->UseManualTime();
+    }
   }
   benchmark::RegisterBenchmark(("attention/shared_prefix/read/" + kv).c_str(), shared_prefix_read<E>)
       ->Unit(benchmark::kMillisecond)

@@ -532,6 +532,19 @@ def serving_rows(rep):
             rep.add(section, figure, shared, 1.0 / case["vs_read"], at_most(1.5))
         elif case and read:
             rep.add(section, figure, shared, wall(case) / wall(read), at_most(1.5))
+    # The bf16 product mode (its cascade levels on AMX tiles where the CPU has
+    # them), against the default plain step and against the mode's own.
+    name = "attention/shared_prefix/{}".format
+    dot = rep.get(name("bf16dot/cascade"))
+    if dot:
+        where = " ({})".format("levels on AMX tiles" if dot.get("tiles") else "levels without AMX")
+        rep.ratio(section, "shared_prefix bf16dot cascade / exact plain (speed)", shared + where,
+                  name("bf16dot/cascade"), name("bf16/plain"), basis="time", target=at_least(4), paired="vs_plain")
+        rep.ratio(section, "shared_prefix bf16dot cascade / bf16dot plain (speed)", shared + where,
+                  name("bf16dot/cascade"), name("bf16dot/plain"), basis="time", paired="vs_dot_plain")
+        if dot.get("vs_read"):
+            rep.add(section, "shared_prefix bf16dot cascade time / read of the unique bytes", shared + where,
+                    1.0 / dot["vs_read"], at_most(1.5))
     tree, chain = rep.get("attention/tree_verify/bf16"), rep.get("attention/tree_verify/chain/bf16")
     if tree and chain:
         rep.add(section, "tree_verify bf16 time / the causal chunk's", "16 sequences of 4k, 32 draft tokens each",

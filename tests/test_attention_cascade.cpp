@@ -32,6 +32,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <random>
 #include <set>
@@ -40,6 +41,8 @@
 #include <vector>
 
 #include <rope/attention.hpp>
+#include <rope/attention/cascade_tiles.hpp>  // level_tiles_run, which a compiled attention library does not bring
+#include <rope/kernels/kv_products.hpp>      // products_hardware_allowed, likewise
 
 #include "attention_oracle.hpp"
 #include "executors.hpp"
@@ -243,7 +246,7 @@ TEST(CascadeLevels, FoundFromTheBlockTables) {
 template <class E>
 void oracle_row(const Pool<E>& pool, const ra::Plan& plan, const Step& step, const std::vector<float>& q, std::size_t t,
                 std::size_t h, double scale, double cap, const std::vector<double>& sinks, std::vector<LD>* out,
-                LD* lse, double* tol_out, double* tol_lse) {
+                LD* lse, double* tol_out, double* tol_lse, bool bf16 = false) {
   std::size_t b = 0;
   while (static_cast<std::size_t>(step.starts[b + 1]) <= t) ++b;
   const std::size_t n = static_cast<std::size_t>(plan.position(t)) + 1;  // causal: keys 0 .. position
@@ -254,12 +257,14 @@ void oracle_row(const Pool<E>& pool, const ra::Plan& plan, const Step& step, con
   for (std::size_t j = 0; j < n; ++j) {
     const std::size_t slot =
         static_cast<std::size_t>(step.table[b * kStride + j / kPageSize]) * kPageSize + j % kPageSize;
-    LD dot = 0, mag = 0;
+    LD dot = 0, mag = 0, q_sum = 0, k_sum = 0;
     for (std::size_t c = 0; c < d; ++c) {
       const LD qc = static_cast<LD>(q[(t * pool.q_heads + h) * d + c]);
       const LD kc = pool.value(true, slot, g, c);
       dot += qc * kc;
       mag += std::fabs(qc * kc);
+      q_sum += std::fabs(qc);
+      k_sum += std::fabs(kc);
       v[j][c] = pool.value(false, slot, g, c);
       V = std::max(V, static_cast<double>(std::fabs(v[j][c])));
     }
@@ -268,6 +273,12 @@ void oracle_row(const Pool<E>& pool, const ra::Plan& plan, const Step& step, con
     s[j] = x;
     eps = std::max(
         eps, at::gamma_float(static_cast<double>(d + 3)) * std::fabs(scale) * static_cast<double>(mag) + 8 * kU * cap);
+    if (bf16) {
+      const double gm = at::gamma_float(static_cast<double>(d + 5)), tiny = std::ldexp(1.0, -126);
+      eps = std::max(eps, std::fabs(scale) * ((std::ldexp(1.0, -8) * (1 + gm) + gm) * static_cast<double>(mag) +
+                                              tiny * static_cast<double>(k_sum + q_sum) + (4.0 * d + 64) * tiny) +
+                              8 * kU * cap);
+    }
   }
   const LD sink = sinks.empty() ? -std::numeric_limits<LD>::infinity() : static_cast<LD>(sinks[h]);
   const at::SoftmaxRow row = at::softmax_row(s, v, d, sink);
@@ -275,7 +286,10 @@ void oracle_row(const Pool<E>& pool, const ra::Plan& plan, const Step& step, con
   *lse = row.lse;
   const double parts = static_cast<double>(n) / 16 + 2;
   const double rounding = at::gamma_float(2.0 * static_cast<double>(n) + 4 * parts + 16);
-  *tol_out = std::expm1(2 * eps) * V + rounding * V;
+  // The bf16 mode's levels round their weights to bf16 (2^-8 relative,
+  // those below 2^-126 to zero): the weighted mean moves by that of V.
+  const double weights = bf16 ? std::ldexp(1.0, -8) + static_cast<double>(n) * std::ldexp(1.0, -126) : 0.0;
+  *tol_out = std::expm1(2 * eps) * V + (rounding + weights) * V;
   *tol_lse = eps + rounding;
 }
 
@@ -470,6 +484,94 @@ TYPED_TEST(AttendCascade, ANaNReachesNoOtherTokensRow) {
     EXPECT_EQ(same, t != 2) << "token " << t;
   }
   k[0] = saved;
+}
+
+// The bf16 product mode (rope/products.hpp) with cascade levels: q rounded
+// to bf16 in the levels and in the decode loop, and the levels' weights
+// rounded to bf16 too; on AMX tiles where the CPU and the OS have them
+// (tdpbf16ps, whose order of additions is not documented), else by float
+// fma over the rounded values (and with products_hardware_allowed() false).
+// Each within the bf16 mode's bound of the oracle (oracle_row: per score
+//   eps_j = |scale| ((2^-8 (1 + g) + g) sum_c |q_c k_jc| + 2^-126 (sum_c
+//   |k_jc| + sum_c |q_c|) + (4d + 64) 2^-126) + 8 u cap,
+// g = gamma_(d+5): q's rounding, values flushed below 2^-126, d exact
+// products summed in any order and the scale; the weights' rounding adds
+// (2^-8 + n 2^-126) V), and the same bytes for any thread count.
+// A step of B sequences over one prefix of `shared` pages, each with one to
+// seven keys of its own on two pages: level parts past one block of keys
+// (kLevelBlock), and rows past one pair of tiles where B G > 32.
+Step one_prefix(std::size_t B, std::size_t shared) {
+  Step step;
+  step.lengths.assign(B, 0);
+  step.table.assign(B * kStride, 0);
+  step.starts = {0};
+  for (std::size_t b = 0; b < B; ++b) {
+    step.lengths[b] = static_cast<std::int64_t>(shared * kPageSize + 1 + b % 7);
+    for (std::size_t i = 0; i < shared; ++i) step.table[b * kStride + i] = static_cast<std::int32_t>(i);
+    for (std::size_t i = shared; i < shared + 2; ++i) {
+      step.table[b * kStride + i] = static_cast<std::int32_t>(shared + 2 * b + (i - shared));
+    }
+    step.starts.push_back(static_cast<std::int64_t>(b + 1));
+  }
+  return step;
+}
+
+// One bf16-mode cascade step against the oracle within the mode's bound,
+// with the hardware and without, and the same bytes for 2 and 3 threads.
+void check_bf16_step(const Pool<BFloat16>& pool, const Step& step, const std::string& what) {
+  const std::size_t hq = pool.q_heads, d = pool.d;
+  const std::vector<float> q = random_q(step.tokens() * hq * d, 32);
+  ra::Logits logits;
+  logits.softcap = 20.0;
+  for (std::size_t h = 0; h < hq; ++h) logits.sinks.push_back(h % 3 == 0 ? -1.5 : 0.25 * static_cast<double>(h));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  ra::Shape shape = shape_of(pool, true, 256);
+  shape.products = rope::Products::bf16;
+  ra::Plan plain, cascade;
+  ra::plan(plain, shape_of(pool, false), step.batch());
+  ra::plan(cascade, shape, step.batch());
+  ASSERT_NE(ra::detail::PlanAccess::cascade(cascade), nullptr) << what;
+  for (const bool hardware : {true, false}) {
+    rope::detail::products_hardware_allowed() = hardware;
+    const Rows c = attend_rows(cascade, pool, q, logits);
+    const std::string how = what + (hardware ? "" : ", without the hardware");
+    double worst = 0;
+    for (std::size_t t = 0; t < step.tokens(); ++t) {
+      for (std::size_t h = 0; h < hq; ++h) {
+        std::vector<LD> want;
+        LD lse = 0;
+        double tol = 0, tol_lse = 0;
+        oracle_row(pool, plain, step, q, t, h, scale, 20.0, logits.sinks, &want, &lse, &tol, &tol_lse, true);
+        const std::size_t r = t * hq + h;
+        for (std::size_t x = 0; x < d; ++x) {
+          const double e = std::fabs(static_cast<double>(c.out[r * d + x] - want[x]));
+          ASSERT_LE(e, tol) << how << ": token " << t << " head " << h << " channel " << x;
+          worst = std::max(worst, e / tol);
+        }
+        ASSERT_LE(std::fabs(static_cast<double>(c.lse[r] - lse)), tol_lse) << how << ": token " << t << " head " << h;
+      }
+    }
+    std::cout << "[ tiles ] " << how << ": largest error " << worst << " of the bound\n";
+    for (const std::size_t threads : {2, 3}) {
+      ra::Plan more;
+      ra::plan(more, shape, step.batch(), threads);
+      const Rows m = attend_rows(more, pool, q, logits);
+      EXPECT_EQ(std::memcmp(m.out.data(), c.out.data(), c.out.size() * sizeof(float)), 0)
+          << how << ", " << threads << " threads";
+    }
+  }
+  rope::detail::products_hardware_allowed() = true;
+}
+
+TEST(AttendCascadeBf16, OnTilesAndWithoutWithinTheModesBound) {
+  std::cout << "[ tiles ] cascade levels on AMX tiles here: "
+            << (ra::detail::level_tiles_run<xsimd::default_arch>() ? "yes" : "no") << "\n";
+  for (const std::size_t d : {128, 8, 80}) {
+    const std::size_t hq = d == 128 ? 32 : 4, hk = d == 128 ? 8 : 2;
+    const Pool<BFloat16> pool(hq, hk, d, 31);
+    check_bf16_step(pool, Step(), "nested levels, d " + std::to_string(d));
+    check_bf16_step(pool, one_prefix(9, 18), "9 sequences over 72 keys, d " + std::to_string(d));
+  }
 }
 
 }  // namespace

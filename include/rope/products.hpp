@@ -8,7 +8,11 @@ namespace rope {
 // (the default; its bytes never change). bf16 (bf16 caches): q rounded to
 // bf16, each score an AVX512-BF16 dot product. int8 (int8 caches): q
 // quantized per row, each score an integer dot product times the scales.
-// Each mode gives the same bytes on every instruction set.
+// Each mode gives the decode loop the same bytes on every instruction set.
+// bf16 with cascade levels also rounds the levels' softmax weights to bf16
+// and runs their products on AMX tiles where the CPU and OS have them
+// (attention/cascade_tiles.hpp): bounded, not the same bytes everywhere
+// (docs/attention.md, "Product modes").
 enum class Products { exact, bf16, int8 };
 
 }  // namespace rope

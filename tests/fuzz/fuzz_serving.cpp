@@ -153,7 +153,8 @@ bool products_fit(rope::Products mode) {
 // the stored bytes k8 and q's codes q8 (s_q = max |q_c| / 127), which over
 // the stored values k = k_scale k8, with |s_q q8_c| <= |q_c| + s_q / 2, is
 // at most |scale| ((s_q / 2) (1 + gamma_4) sum |k_c| + gamma_4 sum |q_c k_c|).
-LD product_error(rope::Products mode, const std::vector<LD>& q, const std::vector<LD>& k, LD scale) {
+LD product_error(rope::Products mode, const std::vector<LD>& q, const std::vector<LD>& k, LD scale,
+                 bool tiles = false) {
   if (mode == rope::Products::exact) return 0;
   LD qk = 0, sk = 0, sq = 0, top = 0;
   for (std::size_t c = 0; c < q.size(); ++c) {
@@ -164,7 +165,9 @@ LD product_error(rope::Products mode, const std::vector<LD>& q, const std::vecto
   }
   const LD tiny = std::ldexp(1.0L, -126);
   if (mode == rope::Products::bf16) {
-    const LD g = gamma_of(2 * ((q.size() + 31) / 32) + 5);
+    // The decode loop's lanes and tree; a cascade level's tiles add the d
+    // products in an order of their own (cascade_tiles.hpp).
+    const LD g = gamma_of(tiles ? q.size() + 5 : 2 * ((q.size() + 31) / 32) + 5);
     return std::fabs(scale) *
            ((std::ldexp(1.0L, -8) * (1 + g) + g) * qk + tiny * (sk + sq) + LD(4 * q.size() + 64) * tiny);
   }
@@ -182,7 +185,10 @@ template <class E, class Q, class O>
 void check_keys_token(const std::string& where, const rope::View<const Q>& q, const rope::View<O>& out,
                       const float* lse, std::size_t t, const std::vector<std::size_t>& slots, const ra::PagePool<E>& kp,
                       const ra::PagePool<E>& vp, std::size_t group, const LogitsIn<float>& logits,
-                      rope::Products products) {
+                      rope::Products products, bool cascade = false) {
+  // A cascade level in the bf16 mode also rounds its weights to bf16:
+  // 2^-8 of each, those below 2^-126 to zero (docs/attention.md).
+  const bool tiles = cascade && products == rope::Products::bf16;
   const std::size_t hq = q.heads, d = q.head_dim, dv = out.head_dim;
   for (std::size_t h = 0; h < hq; ++h) {
     const std::size_t g = h / group;
@@ -205,11 +211,12 @@ void check_keys_token(const std::string& where, const rope::View<const Q>& q, co
         finite = finite && std::isfinite(s.v[c]);
         nan_value[c] = nan_value[c] || std::isnan(s.v[c]);
       }
-      if (finite) s.extra = product_error(products, qr, k, logits.scale);
+      if (finite) s.extra = product_error(products, qr, k, logits.scale, tiles);
       nan_score = nan_score || std::isnan(s.dot);
       keys.push_back(std::move(s));
     }
-    const Want w = softmax_want<float>(keys, d, dv, logits, h, finite, nan_score, nan_value);
+    Want w = softmax_want<float>(keys, d, dv, logits, h, finite, nan_score, nan_value);
+    if (tiles) w.tolerance += (std::ldexp(1.0L, -8) + LD(keys.size()) * std::ldexp(1.0L, -126)) * w.magnitude;
     check_row<O>(out.row(t, h), lse != nullptr ? lse + t * hq + h : nullptr, w, dv, logits.sinks[h],
                  where + ": token " + std::to_string(t) + " head " + std::to_string(h));
   }
@@ -327,7 +334,7 @@ void lists_typed(Bytes& in) {
     std::vector<std::size_t> slots;
     for (const std::int64_t j : keys_of(b, t, mask, lists)) slots.push_back(b.slot(s, j, ps));
     check_keys_token<E, Q, O>(where + " sequence " + std::to_string(s), qv, ov, lse_ptr, t, slots, kp.pool, vp.pool,
-                              group, li, products);
+                              group, li, products, cascade);
   }
 }
 

@@ -40,6 +40,7 @@
 #include "../tensor/view_checks.hpp"
 #include "cache.hpp"
 #include "cascade_attend.hpp"
+#include "cascade_tiles.hpp"
 #include "dispatch_slots.hpp"
 #include "forwarders.hpp"
 #include "logits.hpp"
@@ -178,6 +179,13 @@ class AttendRun {
     const Level& level = work_.cascade.levels[it.level];
     KvKeys<E> keys = keys_;
     keys.pages = PlanAccess::pages_of(plan_, level.sequence);
+    if constexpr (std::is_same<E, BFloat16>::value && rope::detail::kTilesArch<Arch>) {
+      if (keys.products == Products::bf16 && level_tiles_run<Arch>()) {
+        attend_level_tiles<Q, Arch>(it, level.members, work_.cascade.members.data() + level.first_member, q_, keys, s,
+                                    partials_);
+        return;
+      }
+    }
     attend_level<Q, E, Arch>(it, level.members, work_.cascade.members.data() + level.first_member, q_, keys, s,
                              partials_);
   }

@@ -31,6 +31,7 @@
 #include <limits>
 #include <vector>
 
+#include "../detail/inline.hpp"
 #include "../detail/lines.hpp"
 #include "../detail/prefetch.hpp"
 #include "../detail/xsimd.hpp"
@@ -83,9 +84,28 @@ class LevelScratch {
   float* key_scales() const noexcept { return parts_[8]; }
   float* value_scales() const noexcept { return parts_[9]; }
 
+  // The tile path's buffers (cascade_tiles.hpp): floats from a cache line
+  // on, and 16-bit words, grown on first use.
+  float* tile_floats(std::size_t n) {
+    if (tile_floats_.size() < n + rope::detail::kLineFloats) tile_floats_.resize(n + rope::detail::kLineFloats);
+    return rope::detail::line_start(tile_floats_);
+  }
+  std::uint16_t* tile_words(std::size_t n) {
+    if (tile_words_.size() < n) {
+      tile_words_.resize(n);
+      tile_level_ = static_cast<std::size_t>(-1);
+    }
+    return tile_words_.data();
+  }
+  // The level whose query rows the tile words hold (a level's parts share
+  // them): the tile path packs them once per level and call.
+  std::size_t& tile_level() noexcept { return tile_level_; }
+
  private:
   static constexpr std::size_t kParts = 10;
-  std::vector<float> buffer_;
+  std::vector<float> buffer_, tile_floats_;
+  std::vector<std::uint16_t> tile_words_;
+  std::size_t tile_level_ = static_cast<std::size_t>(-1);
   std::size_t sizes_[kParts] = {};
   float* parts_[kParts] = {};
 };
@@ -152,6 +172,30 @@ void level_softmax(float* st, std::size_t rs, std::size_t R, std::size_t n, std:
   }
 }
 
+// x rounded as the bf16 product mode rounds (kv_products.hpp): to nearest
+// even, a subnormal result flushed to a zero of its sign.
+ROPE_ALWAYS_INLINE float bf16_mode_value(float x) noexcept {
+  std::uint16_t b = rope::detail::float_to_bfloat16_bits(x);
+  if ((b & 0x7f80u) == 0) b &= 0x8000u;
+  return rope::detail::bfloat16_bits_to_float(b);
+}
+
+// qt of every head g: [d x rs], column r = member r / G's query head g * G
+// + r % G, its channels in the plane order the keys are widened in (the
+// bf16 product mode: each rounded as that mode rounds q). row: 2 d floats.
+template <class Q, class E, class Arch>
+void level_queries(const View<const Q>& q, const std::size_t* members, std::size_t R, std::size_t G, std::size_t Hk,
+                   std::size_t d, std::size_t rs, bool bf16, float* row, float* qt) noexcept {
+  std::fill_n(qt, Hk * d * rs, 0.0f);
+  for (std::size_t g = 0; g < Hk; ++g) {
+    for (std::size_t r = 0; r < R; ++r) {
+      widen_row(q.row(members[r / G], g * G + r % G), d, row + d);
+      permute_row<E, Arch>(row + d, d, row);
+      for (std::size_t c = 0; c < d; ++c) qt[(g * d + c) * rs + r] = bf16 ? bf16_mode_value(row[c]) : row[c];
+    }
+  }
+}
+
 // Level part `item` over the cache in `base` (its strides, heads and
 // scales; pages: the level's sequence's), for members' tokens members[0 ..
 // M): q rows from q, each member's state written to its partial (acc, m, l
@@ -162,17 +206,10 @@ void attend_level(const LevelItem& item, std::size_t M, const std::size_t* membe
                   const KvKeys<E>& base, const LevelScratch& s, float* partials) noexcept {
   const std::size_t H = base.q_heads, Hk = base.kv_heads, G = H / Hk, R = M * G, d = base.d, dv = base.dv;
   const std::size_t ps = base.page_size, rs = rope::detail::line_floats(R);
-  // qt of head g: [d x rs], column r = member r / G's query head g * G + r
-  // % G, its channels in the plane order the keys are widened in.
-  std::fill_n(s.qt(), Hk * d * rs, 0.0f);
-  float* row = s.keys();  // two rows' floats, before the keys are widened
-  for (std::size_t g = 0; g < Hk; ++g) {
-    for (std::size_t r = 0; r < R; ++r) {
-      widen_row(q.row(members[r / G], g * G + r % G), d, row + d);
-      permute_row<E, Arch>(row + d, d, row);
-      for (std::size_t c = 0; c < d; ++c) s.qt()[(g * d + c) * rs + r] = row[c];
-    }
-  }
+  // The bf16 product mode without tiles (cascade_tiles.hpp): q and the
+  // weights rounded as the tiles round them, the products in float.
+  const bool bf16 = base.products == Products::bf16;
+  level_queries<Q, E, Arch>(q, members, R, G, Hk, d, rs, bf16, s.keys(), s.qt());
   std::fill_n(s.acc(), Hk * R * dv, 0.0f);
   std::fill_n(s.m(), Hk * rs, -std::numeric_limits<float>::infinity());
   std::fill_n(s.l(), Hk * rs, 0.0f);
@@ -220,6 +257,7 @@ void attend_level(const LevelItem& item, std::size_t M, const std::size_t* membe
       level_softmax<Arch>(s.st(), rs, R, n, dv, s.key_scales() + g * kLevelBlock,
                           base.v_scales != nullptr ? s.value_scales() + g * kLevelBlock : nullptr, base.softcap,
                           s.m() + g * rs, s.l() + g * rs, s.carried() + g * rs, s.acc() + g * R * dv);
+      if (bf16) std::transform(s.st(), s.st() + n * rs, s.st(), [](float x) noexcept { return bf16_mode_value(x); });
       level_values<Arch>(s.st(), rs, R, s.values() + g * kLevelBlock * dv, n, dv, s.acc() + g * R * dv, dv);
     }
   }
