@@ -16,7 +16,6 @@
 #include <cstring>
 #include <limits>
 
-#include "../detail/inline.hpp"
 #include "../detail/prefetch.hpp"
 #include "../half.hpp"
 #include "../kernels/kv_decode.hpp"
@@ -40,8 +39,6 @@ bool level_tiles_run() noexcept {
   }
 }
 
-ROPE_ALWAYS_INLINE std::size_t tile_round(std::size_t n) noexcept { return (n + 31) / 32 * 32; }
-
 #if defined(__x86_64__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__GNUC__)
 
 // q of every member's rows, head by head, in the pairs tile_scores reads:
@@ -49,7 +46,7 @@ ROPE_ALWAYS_INLINE std::size_t tile_round(std::size_t n) noexcept { return (n + 
 template <class Q, class Arch>
 void tile_queries(const View<const Q>& q, const std::size_t* members, std::size_t R, std::size_t G, std::size_t Hk,
                   std::size_t d, std::size_t rows, float* wide, std::uint16_t* row, std::uint16_t* qv) noexcept {
-  const std::size_t dk = tile_round(d);
+  const std::size_t dk = rope::detail::tile_span(d);
   std::fill_n(qv, Hk * dk * rows, std::uint16_t{0});
   for (std::size_t g = 0; g < Hk; ++g) {
     std::uint16_t* head = qv + g * dk * rows;
@@ -66,7 +63,8 @@ template <class Q, class Arch>
 void attend_level_tiles(const LevelItem& item, std::size_t M, const std::size_t* members, const View<const Q>& q,
                         const KvKeys<BFloat16>& base, LevelScratch& s, float* partials) noexcept {
   const std::size_t H = base.q_heads, Hk = base.kv_heads, G = H / Hk, R = M * G, d = base.d, dv = base.dv;
-  const std::size_t ps = base.page_size, rows = tile_round(R), dk = tile_round(d), da = tile_round(dv);
+  const std::size_t ps = base.page_size, rows = rope::detail::tile_span(R), dk = rope::detail::tile_span(d),
+                    da = rope::detail::tile_span(dv);
   constexpr std::size_t kw = kLevelBlock;
   float* st = s.tile_floats(kw * rows + Hk * rows * (da + 3) + kw + dk);
   float *acc = st + kw * rows, *m = acc + Hk * rows * da, *l = m + Hk * rows, *carried = l + Hk * rows;
@@ -102,7 +100,7 @@ void attend_level_tiles(const LevelItem& item, std::size_t M, const std::size_t*
   ask(item.first_key, std::min(kw, item.keys), 0, 1);
   rope::detail::TileConfig<Arch> tiles;
   for (std::size_t c0 = item.first_key; c0 < end; c0 += kw) {
-    const std::size_t n = std::min(kw, end - c0), n32 = tile_round(n);
+    const std::size_t n = std::min(kw, end - c0), n32 = rope::detail::tile_span(n);
     const std::size_t next = c0 + n, ahead = next < end ? std::min(kw, end - next) : 0;
     for (std::size_t j = 0; j < n; ++j) {
       const std::size_t key = c0 + j, page = static_cast<std::size_t>(base.pages[key / ps]), at = key % ps;

@@ -39,6 +39,7 @@
 #endif
 
 #include "../detail/half_lanes.hpp"
+#include "../detail/inline.hpp"
 #include "../detail/xsimd.hpp"
 
 namespace rope {
@@ -80,6 +81,12 @@ bool amx_bf16_runs() noexcept {
 // Rows of 16, columns of 32 bf16 (64 bytes): every tile the kernels use.
 constexpr std::size_t kTileRows = 16, kTileBf16 = 32;
 
+// n rounded up to the kernels' unit, a pair of tiles (32): their counts of
+// keys, rows and channels.
+ROPE_ALWAYS_INLINE std::size_t tile_span(std::size_t n) noexcept {
+  return (n + 2 * kTileRows - 1) / (2 * kTileRows) * (2 * kTileRows);
+}
+
 #if defined(__x86_64__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__GNUC__)
 
 // The tile state of one thread, configured for the kernels (tmm0-7, each
@@ -110,30 +117,45 @@ class TileConfig {
   __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" : : "r"(p), "r"(static_cast<long>(stride)) : "memory")
 #define ROPE_TILE_DOT(c, a, b) __asm__ volatile("tdpbf16ps %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
 
+// One step of the 2 x 2 sums in tmm0-3: the first operand's tiles at a0
+// and a1 (rows `as` bytes apart) times the second's at b0 and b1 (`bs`
+// apart): tmm0 += a0 b0, tmm1 += a0 b1, tmm2 += a1 b0, tmm3 += a1 b1.
+template <class Arch>
+ROPE_ALWAYS_INLINE void tile_step(const void* a0, const void* a1, std::size_t as, const void* b0, const void* b1,
+                                  std::size_t bs) noexcept {
+  ROPE_TILE_LOAD(4, a0, as);
+  ROPE_TILE_LOAD(5, a1, as);
+  ROPE_TILE_LOAD(6, b0, bs);
+  ROPE_TILE_LOAD(7, b1, bs);
+  ROPE_TILE_DOT(0, 4, 6);
+  ROPE_TILE_DOT(1, 4, 7);
+  ROPE_TILE_DOT(2, 5, 6);
+  ROPE_TILE_DOT(3, 5, 7);
+}
+
+// The 2 x 2 sums stored to rows p0 and p1 (tmm0, tmm2) and 16 floats on
+// (tmm1, tmm3), each tile's rows `stride` bytes apart.
+template <class Arch>
+ROPE_ALWAYS_INLINE void tile_sums_store(float* p0, float* p1, std::size_t stride) noexcept {
+  ROPE_TILE_STORE(0, p0, stride);
+  ROPE_TILE_STORE(1, p0 + kTileRows, stride);
+  ROPE_TILE_STORE(2, p1, stride);
+  ROPE_TILE_STORE(3, p1 + kTileRows, stride);
+}
+
 // st[j * rs + r] = sum_c keys[j * dk + c] q_rc for j < keys, r < rows (see
 // the header comment; a TileConfig alive on this thread).
 template <class Arch>
 void tile_scores(const std::uint16_t* keys, std::size_t dk, std::size_t n, const std::uint16_t* qv, std::size_t rows,
                  float* st, std::size_t rs) noexcept {
-  const std::size_t ks = dk * 2, qs = rows * 4, ss = rs * 4;
   for (std::size_t j = 0; j < n; j += 2 * kTileRows) {
     for (std::size_t r = 0; r < rows; r += 2 * kTileRows) {
       __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::);
       for (std::size_t c = 0; c < dk; c += kTileBf16) {
         const std::uint16_t* q = qv + (c / 2) * rows * 2 + r * 2;
-        ROPE_TILE_LOAD(4, keys + j * dk + c, ks);
-        ROPE_TILE_LOAD(5, keys + (j + kTileRows) * dk + c, ks);
-        ROPE_TILE_LOAD(6, q, qs);
-        ROPE_TILE_LOAD(7, q + kTileRows * 2, qs);
-        ROPE_TILE_DOT(0, 4, 6);
-        ROPE_TILE_DOT(1, 4, 7);
-        ROPE_TILE_DOT(2, 5, 6);
-        ROPE_TILE_DOT(3, 5, 7);
+        tile_step<Arch>(keys + j * dk + c, keys + (j + kTileRows) * dk + c, dk * 2, q, q + kTileRows * 2, rows * 4);
       }
-      ROPE_TILE_STORE(0, st + j * rs + r, ss);
-      ROPE_TILE_STORE(1, st + j * rs + r + kTileRows, ss);
-      ROPE_TILE_STORE(2, st + (j + kTileRows) * rs + r, ss);
-      ROPE_TILE_STORE(3, st + (j + kTileRows) * rs + r + kTileRows, ss);
+      tile_sums_store<Arch>(st + j * rs + r, st + (j + kTileRows) * rs + r, rs * 4);
     }
   }
 }
@@ -143,7 +165,7 @@ void tile_scores(const std::uint16_t* keys, std::size_t dk, std::size_t n, const
 template <class Arch>
 void tile_values(const std::uint16_t* wt, std::size_t kw, std::size_t n, const std::uint16_t* vv, std::size_t da,
                  std::size_t rows, float* acc) noexcept {
-  const std::size_t ws = kw * 2, vs = da * 4, as = da * 4;
+  const std::size_t as = da * 4;
   for (std::size_t r = 0; r < rows; r += 2 * kTileRows) {
     for (std::size_t c = 0; c < da; c += 2 * kTileRows) {
       float* a0 = acc + r * da + c;
@@ -154,19 +176,9 @@ void tile_values(const std::uint16_t* wt, std::size_t kw, std::size_t n, const s
       ROPE_TILE_LOAD(3, a1 + kTileRows, as);
       for (std::size_t j = 0; j < n; j += kTileBf16) {
         const std::uint16_t* v = vv + (j / 2) * da * 2 + c * 2;
-        ROPE_TILE_LOAD(4, wt + r * kw + j, ws);
-        ROPE_TILE_LOAD(5, wt + (r + kTileRows) * kw + j, ws);
-        ROPE_TILE_LOAD(6, v, vs);
-        ROPE_TILE_LOAD(7, v + kTileRows * 2, vs);
-        ROPE_TILE_DOT(0, 4, 6);
-        ROPE_TILE_DOT(1, 4, 7);
-        ROPE_TILE_DOT(2, 5, 6);
-        ROPE_TILE_DOT(3, 5, 7);
+        tile_step<Arch>(wt + r * kw + j, wt + (r + kTileRows) * kw + j, kw * 2, v, v + kTileRows * 2, da * 4);
       }
-      ROPE_TILE_STORE(0, a0, as);
-      ROPE_TILE_STORE(1, a0 + kTileRows, as);
-      ROPE_TILE_STORE(2, a1, as);
-      ROPE_TILE_STORE(3, a1 + kTileRows, as);
+      tile_sums_store<Arch>(a0, a1, as);
     }
   }
 }
