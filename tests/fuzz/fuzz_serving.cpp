@@ -185,10 +185,10 @@ template <class E, class Q, class O>
 void check_keys_token(const std::string& where, const rope::View<const Q>& q, const rope::View<O>& out,
                       const float* lse, std::size_t t, const std::vector<std::size_t>& slots, const ra::PagePool<E>& kp,
                       const ra::PagePool<E>& vp, std::size_t group, const LogitsIn<float>& logits,
-                      rope::Products products, bool cascade = false) {
+                      rope::Products products, bool level = false) {
   // A cascade level in the bf16 mode also rounds its weights to bf16:
   // 2^-8 of each, those below 2^-126 to zero (docs/attention.md).
-  const bool tiles = cascade && products == rope::Products::bf16;
+  const bool tiles = level && products == rope::Products::bf16;
   const std::size_t hq = q.heads, d = q.head_dim, dv = out.head_dim;
   for (std::size_t h = 0; h < hq; ++h) {
     const std::size_t g = h / group;
@@ -327,6 +327,12 @@ void lists_typed(Bytes& in) {
     ROPE_FUZZ_CHECK(same_bytes(out, out1), where + ": not the same bytes with one thread");
     if (with_lse) ROPE_FUZZ_CHECK(same_bytes(lse, lse1), where + ": not the same lse with one thread");
   }
+  // The tokens of a cascade level (their rows took the level's arithmetic),
+  // where the plan found levels.
+  std::vector<bool> in_level(tokens, false);
+  if (const ra::detail::WorkLayout* levels = ra::detail::PlanAccess::cascade(plan)) {
+    for (const std::size_t token : levels->cascade.members) in_level[token] = true;
+  }
   // The oracle: each row over exactly the keys its token sees.
   const LogitsIn<float> li(logits.logits, hq, d);
   for (std::size_t t = 0; t < tokens; ++t) {
@@ -334,7 +340,7 @@ void lists_typed(Bytes& in) {
     std::vector<std::size_t> slots;
     for (const std::int64_t j : keys_of(b, t, mask, lists)) slots.push_back(b.slot(s, j, ps));
     check_keys_token<E, Q, O>(where + " sequence " + std::to_string(s), qv, ov, lse_ptr, t, slots, kp.pool, vp.pool,
-                              group, li, products, cascade);
+                              group, li, products, in_level[t]);
   }
 }
 
