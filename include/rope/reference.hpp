@@ -144,7 +144,8 @@ inline float softmax_weights(const float* s, float* w, std::size_t n, float m) n
 }
 
 // x (n floats) quantized symmetrically: *scale = s = max_c |x_c| / 127 (the
-// least subnormal where that underflows for a nonzero vector), q_c = x_c / s
+// least subnormal where that underflows for a nonzero vector; one float up
+// where a subnormal quotient rounded down past max_c |x_c| / s = 127), q_c = x_c / s
 // rounded to nearest even, clamped to [-127, 127]. All zeros: s = 0, q = 0.
 // A NaN or an infinity anywhere: s = NaN, q = 0.
 inline void quantize_int8(const float* x, std::size_t n, std::int8_t* out, float* scale) noexcept {
@@ -159,7 +160,8 @@ inline void quantize_int8(const float* x, std::size_t n, std::int8_t* out, float
     *scale = std::numeric_limits<float>::quiet_NaN();
     return;
   }
-  const float s = m > 0.0f && m / 127.0f == 0.0f ? std::numeric_limits<float>::denorm_min() : m / 127.0f;
+  float s = m > 0.0f && m / 127.0f == 0.0f ? std::numeric_limits<float>::denorm_min() : m / 127.0f;
+  if (s < std::numeric_limits<float>::min() && m / s > 127.0f) s = std::nextafter(s, 1.0f);
   *scale = s;
   for (std::size_t c = 0; c < n; ++c) {
     const float q = s > 0.0f ? std::nearbyint(x[c] / s) : 0.0f;

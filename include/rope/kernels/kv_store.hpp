@@ -68,9 +68,13 @@ namespace detail {
 
 // The int8 scale of a vector whose largest magnitude is m (finite, >= 0):
 // m / 127, except where that underflows for m below 127 times the least
-// subnormal: the least subnormal then, so a nonzero vector keeps a nonzero one.
+// subnormal: the least subnormal then, so a nonzero vector keeps a nonzero
+// one; and where a subnormal m / 127 rounded so far down that m / s passes
+// 127 (its spacing is coarse there), the next float up, so that no code
+// is clamped and every element stays within s/2 (plus x / s's rounding).
 inline float int8_scale(float m) noexcept {
-  return m > 0.0f && m / 127.0f == 0.0f ? std::numeric_limits<float>::denorm_min() : m / 127.0f;
+  const float s = m > 0.0f && m / 127.0f == 0.0f ? std::numeric_limits<float>::denorm_min() : m / 127.0f;
+  return s < std::numeric_limits<float>::min() && m / s > 127.0f ? std::nextafter(s, 1.0f) : s;
 }
 
 // Whether store_kv_row quantizes int8 on Arch's lanes: on x86. On NEON
