@@ -12,6 +12,7 @@
 
 #include "angles.hpp"
 #include "apply.hpp"
+#include "fp8.hpp"
 #include "frequencies.hpp"
 #include "half.hpp"
 #include "kernels.hpp"
