@@ -31,6 +31,7 @@
 #include <rope/multi_axis.hpp>
 #include <rope/table.hpp>
 
+#include "kv_elements.hpp"
 #include "support.hpp"
 
 namespace append_test {
@@ -184,10 +185,11 @@ std::vector<unsigned char> bytes_of(const std::vector<T>& v) {
   return b;
 }
 
-inline float widen_any(float x) { return x; }
-inline float widen_any(BFloat16 x) { return rope::detail::widen_value(x); }
-inline float widen_any(Float16 x) { return rope::detail::widen_value(x); }
-inline float widen_any(I8 x) { return static_cast<float>(x); }
+// One stored or row value as float, exactly (every element type).
+template <class T>
+float widen_any(T x) {
+  return rope_test::widen(x);
+}
 
 template <class T>
 ::testing::AssertionResult same_bytes(const std::vector<T>& got, const std::vector<T>& want, const char* what) {

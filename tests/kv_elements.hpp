@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <rope/fp8.hpp>
 #include <rope/half.hpp>
 
 namespace rope_test {
@@ -15,6 +16,8 @@ const char* element_name() {
   if (std::is_same<E, float>::value) return "f32";
   if (std::is_same<E, rope::BFloat16>::value) return "bf16";
   if (std::is_same<E, rope::Float16>::value) return "f16";
+  if (std::is_same<E, rope::Float8E4M3>::value) return "e4m3";
+  if (std::is_same<E, rope::Float8E5M2>::value) return "e5m2";
   return "int8";
 }
 
@@ -25,11 +28,29 @@ void for_each_element(F&& f) {
   f(rope::BFloat16{});
   f(rope::Float16{});
   f(std::int8_t{});
+  f(rope::Float8E4M3{});
+  f(rope::Float8E5M2{});
+}
+
+// fp8 (rope/fp8.hpp): whether E is one of the two formats, and the bound
+// of one value stored into an fp8 row of scale s: the code is F(fl(y / s)),
+// to nearest, never saturated, so |y - s F| <= (u + 2^-24 (1 + u)) |y| + s h,
+// u the format's unit roundoff (E4M3 2^-4, E5M2 2^-3), h half its subnormal
+// step (2^-10, 2^-17), 2^-24 the rounding of y / s.
+template <class E>
+constexpr bool kFp8 = std::is_same<E, rope::Float8E4M3>::value || std::is_same<E, rope::Float8E5M2>::value;
+template <class E>
+long double fp8_rounding(long double value, long double scale) {
+  constexpr bool e4m3 = std::is_same<E, rope::Float8E4M3>::value;
+  const long double u = e4m3 ? 0x1p-4L : 0x1p-3L, h = e4m3 ? 0x1p-10L : 0x1p-17L;
+  return (u + 0x1p-24L * (1 + u)) * value + scale * h;
 }
 
 inline float widen(float x) { return x; }
 inline float widen(rope::BFloat16 x) { return rope::detail::widen_value(x); }
 inline float widen(rope::Float16 x) { return rope::detail::widen_value(x); }
 inline float widen(std::int8_t x) { return static_cast<float>(x); }
+inline float widen(rope::Float8E4M3 x) { return static_cast<float>(x); }
+inline float widen(rope::Float8E5M2 x) { return static_cast<float>(x); }
 
 }  // namespace rope_test

@@ -409,7 +409,7 @@ TEST(AttentionAttend, BatchEqualsOneCallPerSequenceBitForBit) {
   for_each_element([](auto e) { check_batch_equals_singles<decltype(e)>(); });
 }
 
-// bf16 / f16 / int8 caches against the f32 cache of the ORIGINAL values:
+// bf16 / f16 / int8 / fp8 caches against the f32 cache of the ORIGINAL values:
 // over its own widened values each is a float evaluation of the math (the
 // oracle's bound), and rounding K moved each score by at most eps_s and V
 // each value by at most dv_max, so the outputs differ by at most
@@ -467,6 +467,8 @@ TEST(AttentionAttend, RoundedCachesWithinTheBoundOfRoundingOnce) {
   check_rounded_once<BFloat16>();
   check_rounded_once<Float16>();
   check_rounded_once<std::int8_t>();
+  check_rounded_once<rope::Float8E4M3>();
+  check_rounded_once<rope::Float8E5M2>();
 }
 
 // The 16-bit and int8 caches against the f32 cache of their widened values.

@@ -295,7 +295,7 @@ void oracle_row(const Pool<E>& pool, const ra::Plan& plan, const Step& step, con
 
 template <class E>
 class AttendCascade : public ::testing::Test {};
-using CacheTypes = ::testing::Types<float, BFloat16, Float16, std::int8_t>;
+using CacheTypes = ::testing::Types<float, BFloat16, Float16, std::int8_t, rope::Float8E4M3, rope::Float8E5M2>;
 // A name generator, which clang's -Wpedantic asks of TYPED_TEST_SUITE.
 struct CacheNames {
   template <class E>

@@ -78,7 +78,7 @@ void plain_rms_norm(float* x, std::size_t n, const float* w, float eps, bool plu
 }
 
 // One part of a row rounded once into E, from the definitions
-// (kernels/kv_store.hpp's comment): int8 with the part's own scale.
+// (kernels/kv_store.hpp's comment): int8 and fp8 with the part's own scale.
 template <class E>
 void round_part(const float* x, std::size_t n, E* out, float* scale) {
   if constexpr (std::is_same<E, std::int8_t>::value) {
@@ -89,6 +89,13 @@ void round_part(const float* x, std::size_t n, E* out, float* scale) {
     for (std::size_t c = 0; c < n; ++c) {
       out[c] = s > 0.0f ? static_cast<std::int8_t>(std::min(127.0f, std::max(-127.0f, std::nearbyint(x[c] / s)))) : 0;
     }
+  } else if constexpr (rope_test::kFp8<E>) {
+    // fp8: the part's own scale maps its largest onto the format's.
+    float m = 0.0f;
+    for (std::size_t c = 0; c < n; ++c) m = std::max(m, std::fabs(x[c]));
+    const float s = m / E::max();
+    *scale = s;
+    for (std::size_t c = 0; c < n; ++c) out[c] = s > 0.0f ? E(x[c] / s) : E::from_bits(0);
   } else {
     (void)scale;
     for (std::size_t c = 0; c < n; ++c) out[c] = E(x[c]);
@@ -429,6 +436,10 @@ TEST(MlaAppend, StoredValuesWithinOneRoundingOfTheFloatRow) {
               float top = 0.0f;
               for (std::size_t k = from; k < to; ++k) top = std::max(top, std::fabs(x[k]));
               bound = top / 127.0 * (0.5 + std::ldexp(1.0, -16));
+            } else if constexpr (rope_test::kFp8<E>) {
+              float top = 0.0f;
+              for (std::size_t k = from; k < to; ++k) top = std::max(top, std::fabs(x[k]));
+              bound = static_cast<double>(rope_test::fp8_rounding<E>(std::fabs(static_cast<LD>(x[i])), top / E::max()));
             } else if (std::is_same<E, Float16>::value && std::fabs(x[i]) < std::ldexp(1.0f, -14)) {
               bound = std::ldexp(1.0, -25);  // a subnormal f16: half its spacing 2^-24
             } else {

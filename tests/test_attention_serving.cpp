@@ -48,7 +48,7 @@ struct Contiguous {
         dv(dv_),
         k(capacity_ * heads_ * d_, E(0)),
         v(capacity_ * heads_ * dv_, E(0)),
-        k_scales(std::is_same<E, std::int8_t>::value ? capacity_ * heads_ : 0),
+        k_scales(rope::KvElement<E>::kScaled ? capacity_ * heads_ : 0),
         v_scales(k_scales.size()) {}
 
   ra::PagedCache<E> cache() {

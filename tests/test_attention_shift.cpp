@@ -234,12 +234,13 @@ LD type_unit() {
 template <class E>
 std::vector<LD> shift_bound(const std::vector<LD>& x, const std::vector<double>& freqs, Style style, LD delta,
                             LD s_new) {
-  constexpr bool kInt8 = std::is_same<E, std::int8_t>::value;
+  constexpr bool kInt8 = std::is_same<E, std::int8_t>::value, kFp8 = rope_test::kFp8<E>;
   const std::vector<LD> y = at::rotate(x, freqs, style, delta);
   std::vector<LD> bound(x.size(), 0);
-  const LD rel = (kInt8 ? 4 : 3) * kU * (1 + std::ldexp(LD(1), -20));
+  const LD rel = (kInt8 || kFp8 ? 4 : 3) * kU * (1 + std::ldexp(LD(1), -20));
   const auto rounding = [&](LD value) -> LD {
     if (kInt8) return s_new / 2 + kU * value;
+    if (kFp8) return rope_test::fp8_rounding<E>(value, s_new);
     return type_unit<E>() * value + (std::is_same<E, Float16>::value ? std::ldexp(LD(1), -25) : LD(0));
   };
   const std::size_t r = 2 * freqs.size();
@@ -254,7 +255,11 @@ std::vector<LD> shift_bound(const std::vector<LD>& x, const std::vector<double>&
     bound[a] = rho_a + rounding(std::fabs(y[a]) + rho_a);
     bound[b] = rho_b + rounding(std::fabs(y[b]) + rho_b);
   }
-  for (std::size_t c = r; c < x.size(); ++c) bound[c] = kInt8 ? s_new / 2 + 2.001L * kU * std::fabs(x[c]) : LD(0);
+  // Past rotary_dim: widened (one rounding of q * s) and stored again.
+  for (std::size_t c = r; c < x.size(); ++c) {
+    const LD a = std::fabs(x[c]);
+    bound[c] = kInt8 ? s_new / 2 + 2.001L * kU * a : kFp8 ? rounding(a * (1 + kU)) + kU * a : LD(0);
+  }
   return bound;
 }
 
@@ -317,7 +322,7 @@ struct CacheNames {
     return rope_test::element_name<E>();
   }
 };
-using CacheTypes = ::testing::Types<float, BFloat16, Float16, std::int8_t>;
+using CacheTypes = ::testing::Types<float, BFloat16, Float16, std::int8_t, rope::Float8E4M3, rope::Float8E5M2>;
 TYPED_TEST_SUITE(Shift, CacheTypes, CacheNames);
 
 TYPED_TEST(Shift, OneShiftWithinItsBound) {
@@ -437,6 +442,8 @@ TEST(ShiftErrors, MeasuredAfter1_4And16ShiftsAndAtRead) {
   measure<BFloat16>("bf16");
   measure<Float16>("f16");
   measure<std::int8_t>("int8");
+  measure<rope::Float8E4M3>("e4m3");
+  measure<rope::Float8E5M2>("e5m2");
 }
 
 TYPED_TEST(Shift, ValuesAndOtherKeysUntouched) {

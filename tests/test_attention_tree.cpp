@@ -437,12 +437,14 @@ std::vector<LD> rotation_bound(const std::vector<LD>& x, const std::vector<doubl
 // The rounding of a float value (within `value` in magnitude) into the
 // cache's type: bf16 2^-8 and f16 2^-11 of it (and half the f16 subnormals'
 // spacing), int8 half its row's scale and the division's u (the code is
-// nearbyint(fl(y / scale)), never clamped: |y / scale| <= 127 (1 + u)^2).
+// nearbyint(fl(y / scale)), never clamped: |y / scale| <= 127 (1 + u)^2),
+// fp8 as rope_test::fp8_rounding says.
 template <class E>
 LD stored_rounding(LD value, LD scale) {
   if (std::is_same<E, BFloat16>::value) return std::ldexp(value, -8);
   if (std::is_same<E, Float16>::value) return std::ldexp(value, -11) + std::ldexp(LD(1), -25);
   if (std::is_same<E, std::int8_t>::value) return scale / 2 + kU * value;
+  if (rope_test::kFp8<E>) return rope_test::fp8_rounding<E>(value, scale);
   return 0;
 }
 
@@ -548,7 +550,7 @@ struct CacheNames {
     return rope_test::element_name<E>();
   }
 };
-using CacheTypes = ::testing::Types<float, BFloat16, Float16, std::int8_t>;
+using CacheTypes = ::testing::Types<float, BFloat16, Float16, std::int8_t, rope::Float8E4M3, rope::Float8E5M2>;
 TYPED_TEST_SUITE(TreeAttend, CacheTypes, CacheNames);
 
 // Test 1: the literal mask bits, in one batch with a decode sequence and a

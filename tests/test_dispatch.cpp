@@ -484,18 +484,20 @@ struct AttendCase {
 
 template <class E>
 class DispatchAttend : public Dispatch {};
-using KvTypes = ::testing::Types<float, rope::BFloat16, rope::Float16, std::int8_t>;
+using KvTypes = ::testing::Types<float, rope::BFloat16, rope::Float16, std::int8_t, rope::Float8E4M3, rope::Float8E5M2>;
 struct KvTypeNames {
   template <class E>
   static std::string GetName(int) {
     if (std::is_same<E, float>::value) return "f32";
     if (std::is_same<E, std::int8_t>::value) return "i8";
+    if (std::is_same<E, rope::Float8E4M3>::value) return "e4m3";
+    if (std::is_same<E, rope::Float8E5M2>::value) return "e5m2";
     return std::is_same<E, rope::BFloat16>::value ? "bf16" : "fp16";
   }
 };
 TYPED_TEST_SUITE(DispatchAttend, KvTypes, KvTypeNames);
 
-// Values of magnitude <= 1 (int8: <= 127 * 0.025), weights summing to 1:
+// Values of magnitude <= 1 (int8, fp8: <= 128 * 0.025), weights summing to 1:
 // float rounding of scores and sums over 147 keys stays far below 1e-5.
 TYPED_TEST(DispatchAttend, EveryAvailableInstructionSetAttendsWithinFloatRounding) {
   const AttendCase<TypeParam> c;

@@ -85,7 +85,7 @@ TYPED_TEST(KvRows, PermuteIsThePlaneOrderAndUnpermuteItsInverse) {
 }
 
 // The planes of a block, for every bit pattern of the 16-bit types and
-// every int8: value P*i + k in lane i of plane k (value k*lanes + i where
+// every int8 and fp8 code: value P*i + k in lane i of plane k (value k*lanes + i where
 // the planes are in channel order), widened as the scalar
 // widen_value widens it, bit for bit; a NaN a NaN (AVX-512 widens binary16
 // with vcvtph2ps, which makes a signaling NaN quiet).

@@ -1,6 +1,7 @@
 // rope/attention/cache.hpp — a paged KV cache: pools of fixed-size pages of
 // rows, for K and for V, of an element type E (float, BFloat16, Float16,
-// std::int8_t), and the checks every call that reads or writes one makes.
+// std::int8_t, Float8E4M3, Float8E5M2), and the checks every call that
+// reads or writes one makes.
 //
 // Row (page p, offset o, head h) of a PagePool is at
 //
@@ -11,7 +12,7 @@
 // whose rows do not overlap. A slot names a row by page and offset: slot =
 // page * page_size + offset. An int8 pool has one float scale per (slot,
 // head), at scales[slot * heads + h]: the row holds q with x = s q
-// (kernels/kv_store.hpp). A contiguous cache of one sequence is a pool of
+// (kernels/kv_store.hpp); so has an fp8 pool. A contiguous cache of one sequence is a pool of
 // one page of its capacity (contiguous()).
 //
 // A sequence's key j is in slot block_table[j / page_size] * page_size +
@@ -37,7 +38,7 @@ namespace rope::attention {
 template <class E>
 struct PagePool {
   E* data = nullptr;
-  float* scales = nullptr;  // int8 only: pages * page_size * heads, at slot * heads + h
+  float* scales = nullptr;  // int8 and fp8 only: pages * page_size * heads, at slot * heads + h
   std::size_t pages = 0;
   std::size_t page_size = 0;
   std::size_t heads = 0;
@@ -53,7 +54,7 @@ struct PagePool {
   }
   // One page holding a sequence's whole contiguous cache: rows is
   // [capacity, heads, head_dim] with any strides (a View of the caller's
-  // buffer), scales (int8) capacity * heads floats.
+  // buffer), scales (int8, fp8) capacity * heads floats.
   static PagePool contiguous(const View<E>& rows, float* scales = nullptr) noexcept {
     const std::size_t span =
         rows.tokens == 0 ? 0
@@ -105,7 +106,7 @@ struct PagedCache {
 template <class E>
 struct LatentCache {
   E* data = nullptr;
-  float* scales = nullptr;  // int8 only: 2 per slot
+  float* scales = nullptr;  // int8 and fp8 only: 2 per slot
   std::size_t pages = 0;
   std::size_t page_size = 0;
   std::size_t latent_dim = 0;                     // kv_lora_rank
@@ -143,7 +144,8 @@ using rope::detail::to_text;
 template <class E>
 constexpr void check_kv_element() noexcept {
   static_assert(KvElement<E>::kSupported,
-                "rope::attention: a KV cache holds float, rope::BFloat16, rope::Float16 or std::int8_t");
+                "rope::attention: a KV cache holds float, rope::BFloat16, rope::Float16, std::int8_t, "
+                "rope::Float8E4M3 or rope::Float8E5M2");
 }
 
 template <class T>
@@ -161,7 +163,7 @@ std::size_t pool_span(const PagePool<E>& p) noexcept {
 }
 
 // A pool alone: sizes, rows that do not overlap, pages that do not overlap,
-// scales set exactly when E is int8.
+// scales set exactly when E is int8 or fp8.
 template <class E>
 void check_pool(const char* fn, const char* name, const PagePool<E>& p) {
   if (p.pages == 0) fail(fn, {name, ".pages"}, "at least 1", p.pages);
@@ -178,10 +180,10 @@ void check_pool(const char* fn, const char* name, const PagePool<E>& p) {
     }
   }
   if (KvElement<E>::kScaled && p.scales == nullptr) {
-    fail(fn, {name, ".scales"}, "non-null for an int8 pool (one scale per slot and head)", nullptr);
+    fail(fn, {name, ".scales"}, "non-null for an int8 or fp8 pool (one scale per slot and head)", nullptr);
   }
   if (!KvElement<E>::kScaled && p.scales != nullptr) {
-    fail(fn, {name, ".scales"}, "null: only an int8 pool has scales", "set");
+    fail(fn, {name, ".scales"}, "null: only an int8 or fp8 pool has scales", "set");
   }
 }
 
@@ -216,10 +218,10 @@ void check_latent_cache(const char* fn, const LatentCache<E>& c) {
     fail(fn, "cache.page_stride", "small enough to stay inside the address range", c.page_stride);
   }
   if (KvElement<E>::kScaled && c.scales == nullptr) {
-    fail(fn, "cache.scales", "non-null for an int8 cache (two scales per slot)", nullptr);
+    fail(fn, "cache.scales", "non-null for an int8 or fp8 cache (two scales per slot)", nullptr);
   }
   if (!KvElement<E>::kScaled && c.scales != nullptr)
-    fail(fn, "cache.scales", "null: only an int8 cache has scales", "set");
+    fail(fn, "cache.scales", "null: only an int8 or fp8 cache has scales", "set");
 }
 
 // The elements a latent cache spans from data.

@@ -28,6 +28,8 @@ struct AttentionTable {
   AttendKeys<BFloat16> bf16 = nullptr;
   AttendKeys<Float16> f16 = nullptr;
   AttendKeys<std::int8_t> i8 = nullptr;
+  AttendKeys<Float8E4M3> e4m3 = nullptr;
+  AttendKeys<Float8E5M2> e5m2 = nullptr;
   const char* arch = nullptr;  // the xsimd name of the architecture they were compiled for
 
   template <class E>
@@ -36,6 +38,8 @@ struct AttentionTable {
     if constexpr (std::is_same<E, BFloat16>::value) return bf16;
     if constexpr (std::is_same<E, Float16>::value) return f16;
     if constexpr (std::is_same<E, std::int8_t>::value) return i8;
+    if constexpr (std::is_same<E, Float8E4M3>::value) return e4m3;
+    if constexpr (std::is_same<E, Float8E5M2>::value) return e5m2;
   }
 };
 
@@ -59,6 +63,8 @@ constexpr AttentionTable make_attention_table() noexcept {
   table.bf16 = &attend_keys<BFloat16, Arch>;
   table.f16 = &attend_keys<Float16, Arch>;
   table.i8 = &attend_keys<std::int8_t, Arch>;
+  table.e4m3 = &attend_keys<Float8E4M3, Arch>;
+  table.e5m2 = &attend_keys<Float8E5M2, Arch>;
   table.arch = Arch::name();
   return table;
 }

@@ -8,7 +8,7 @@
 // rope::attention and builds rope's attention library,
 // src/attention/serving.cpp), the forwarders call the instantiations that
 // library holds, compiled once, for every cache type (float, BFloat16,
-// Float16, int8) and every row type (float, BFloat16, Float16) of q, k, v,
+// Float16, int8, Float8E4M3, Float8E5M2) and every row type (float, BFloat16, Float16) of q, k, v,
 // q_out and out; a user's unit then compiles none of the kernels. Define it
 // for a whole program or not at all.
 #pragma once

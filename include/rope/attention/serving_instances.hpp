@@ -1,6 +1,7 @@
 // rope/attention/serving_instances.hpp — the combinations of element types
 // rope's attention library compiles (forwarders.hpp, src/attention/
-// serving.cpp): for every cache type E (float, BFloat16, Float16, int8),
+// serving.cpp): for every cache type E (float, BFloat16, Float16, int8,
+// Float8E4M3, Float8E5M2),
 // append with rows In and q_out QO, append's K/V form with rows In, and
 // attend with q rows Q and out rows O, each of float, BFloat16, Float16.
 // An X-macro: the includer says what APPEND(In, QO, E), APPEND_KV(In, E)
@@ -9,6 +10,7 @@
 
 #include <cstdint>
 
+#include "../fp8.hpp"
 #include "../half.hpp"
 
 // clang-format off
@@ -96,5 +98,47 @@
   ATTEND(rope::BFloat16, rope::Float16, std::int8_t) \
   ATTEND(rope::Float16, float, std::int8_t) \
   ATTEND(rope::Float16, rope::BFloat16, std::int8_t) \
-  ATTEND(rope::Float16, rope::Float16, std::int8_t)
+  ATTEND(rope::Float16, rope::Float16, std::int8_t) \
+  APPEND(float, float, rope::Float8E4M3) \
+  APPEND(float, rope::BFloat16, rope::Float8E4M3) \
+  APPEND(float, rope::Float16, rope::Float8E4M3) \
+  APPEND(rope::BFloat16, float, rope::Float8E4M3) \
+  APPEND(rope::BFloat16, rope::BFloat16, rope::Float8E4M3) \
+  APPEND(rope::BFloat16, rope::Float16, rope::Float8E4M3) \
+  APPEND(rope::Float16, float, rope::Float8E4M3) \
+  APPEND(rope::Float16, rope::BFloat16, rope::Float8E4M3) \
+  APPEND(rope::Float16, rope::Float16, rope::Float8E4M3) \
+  APPEND_KV(float, rope::Float8E4M3) \
+  APPEND_KV(rope::BFloat16, rope::Float8E4M3) \
+  APPEND_KV(rope::Float16, rope::Float8E4M3) \
+  ATTEND(float, float, rope::Float8E4M3) \
+  ATTEND(float, rope::BFloat16, rope::Float8E4M3) \
+  ATTEND(float, rope::Float16, rope::Float8E4M3) \
+  ATTEND(rope::BFloat16, float, rope::Float8E4M3) \
+  ATTEND(rope::BFloat16, rope::BFloat16, rope::Float8E4M3) \
+  ATTEND(rope::BFloat16, rope::Float16, rope::Float8E4M3) \
+  ATTEND(rope::Float16, float, rope::Float8E4M3) \
+  ATTEND(rope::Float16, rope::BFloat16, rope::Float8E4M3) \
+  ATTEND(rope::Float16, rope::Float16, rope::Float8E4M3) \
+  APPEND(float, float, rope::Float8E5M2) \
+  APPEND(float, rope::BFloat16, rope::Float8E5M2) \
+  APPEND(float, rope::Float16, rope::Float8E5M2) \
+  APPEND(rope::BFloat16, float, rope::Float8E5M2) \
+  APPEND(rope::BFloat16, rope::BFloat16, rope::Float8E5M2) \
+  APPEND(rope::BFloat16, rope::Float16, rope::Float8E5M2) \
+  APPEND(rope::Float16, float, rope::Float8E5M2) \
+  APPEND(rope::Float16, rope::BFloat16, rope::Float8E5M2) \
+  APPEND(rope::Float16, rope::Float16, rope::Float8E5M2) \
+  APPEND_KV(float, rope::Float8E5M2) \
+  APPEND_KV(rope::BFloat16, rope::Float8E5M2) \
+  APPEND_KV(rope::Float16, rope::Float8E5M2) \
+  ATTEND(float, float, rope::Float8E5M2) \
+  ATTEND(float, rope::BFloat16, rope::Float8E5M2) \
+  ATTEND(float, rope::Float16, rope::Float8E5M2) \
+  ATTEND(rope::BFloat16, float, rope::Float8E5M2) \
+  ATTEND(rope::BFloat16, rope::BFloat16, rope::Float8E5M2) \
+  ATTEND(rope::BFloat16, rope::Float16, rope::Float8E5M2) \
+  ATTEND(rope::Float16, float, rope::Float8E5M2) \
+  ATTEND(rope::Float16, rope::BFloat16, rope::Float8E5M2) \
+  ATTEND(rope::Float16, rope::Float16, rope::Float8E5M2)
 // clang-format on

@@ -55,11 +55,11 @@ void shift_row(const PagePool<E>& pool, std::size_t slot, Style style, std::size
     constexpr Style S = decltype(s)::value;
     if constexpr (std::is_same<E, float>::value) {
       rotate_heads<S, float, Arch>(row, stride, row, stride, pool.heads, cos, sin, rotary_dim, dir);
-    } else if constexpr (std::is_same<E, std::int8_t>::value) {
+    } else if constexpr (KvElement<E>::kScaled) {
       for (std::size_t h = 0; h < pool.heads; ++h) {
         E* q = pool.row(slot, h);
         float* scale = pool.scale(slot, h);
-        for (std::size_t c = 0; c < pool.head_dim; ++c) x[c] = static_cast<float>(q[c]) * *scale;
+        for (std::size_t c = 0; c < pool.head_dim; ++c) x[c] = rope::detail::widen_value(q[c]) * *scale;
         rotate_heads<S, float, Arch>(x, 0, x, 0, 1, cos, sin, rotary_dim, dir);
         store_kv_row<Arch>(x, pool.head_dim, q, scale);
       }

@@ -1,11 +1,12 @@
 // rope/kernels/kv_planes.hpp — the element types of a KV cache (float,
-// bfloat16, float16, int8) and how a block of them is widened to float lanes.
+// bfloat16, float16, int8, fp8 e4m3 and e5m2) and how a block of them is
+// widened to float lanes.
 //
-// A stored value is widened exactly (int8 before its scale, which the
-// caller applies: q . (s k) = s (q . k)); a NaN stays a NaN (binary16 on
+// A stored value is widened exactly (int8 and fp8 before their scale, which
+// the caller applies: q . (s k) = s (q . k)); a NaN stays a NaN (binary16 on
 // AVX-512 through vcvtph2ps, which quiets a signaling one). A block of
 // W = P * lanes stored values (P = 1 for float, 2 for the 16-bit types, 4
-// for int8) is widened into P "planes" of float lanes. In the portable way
+// for the 8-bit ones) is widened into P "planes" of float lanes. In the portable way
 // it is loaded as 32-bit lanes and value P*i + k lands in lane i of plane k;
 // instead of shuffling every key and value back into channel order, the
 // query rows and the accumulators are kept in that plane order
@@ -24,18 +25,21 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "../detail/half_lanes.hpp"
 #include "../detail/inline.hpp"
 #include "../detail/simd.hpp"
 #include "../detail/xsimd.hpp"
+#include "../fp8.hpp"
 #include "../half.hpp"
 
 namespace rope {
 
-// The element types a KV cache may hold: float, BFloat16, Float16 and
-// std::int8_t (with one float scale per token and key/value head).
+// The element types a KV cache may hold: float, BFloat16, Float16, and
+// std::int8_t, Float8E4M3 and Float8E5M2, each with one float scale per
+// token and key/value head (kScaled).
 template <class E>
 struct KvElement {
   static constexpr bool kSupported = false;
@@ -60,6 +64,18 @@ struct KvElement<Float16> {
 };
 template <>
 struct KvElement<std::int8_t> {
+  static constexpr bool kSupported = true;
+  static constexpr std::size_t kPerLane = 4;
+  static constexpr bool kScaled = true;
+};
+template <>
+struct KvElement<Float8E4M3> {
+  static constexpr bool kSupported = true;
+  static constexpr std::size_t kPerLane = 4;
+  static constexpr bool kScaled = true;
+};
+template <>
+struct KvElement<Float8E5M2> {
   static constexpr bool kSupported = true;
   static constexpr std::size_t kPerLane = 4;
   static constexpr bool kScaled = true;
@@ -169,6 +185,81 @@ struct KvPlanes<std::int8_t, Arch> {
     out[3] = as_float((u >> 24) ^ U(0x4b000080u)) - offset;
   }
 };
+
+// fp8 bytes (one per 32-bit lane, zeros above) decoded exactly, as
+// fp8.hpp's scalar decodes do: a normal code's exponent rebiased onto
+// binary32's (E4M3: + 120, E5M2: + 112), a subnormal's mantissa m times its
+// step (m counted as the normal float 2^23 + m less 2^23: exact, and no
+// subnormal float on the way, which a denormals-are-zero mode would read
+// as 0), the top codes NaN (E4M3's 0x7f) or infinite/NaN (E5M2's 0x7c ..).
+// The sign is or-ed back last.
+template <class E, class Arch>
+struct Fp8Lanes {
+  using U = xsimd::batch<std::uint32_t, Arch>;
+  using F = xsimd::batch<float, Arch>;
+  static constexpr bool kE4M3 = std::is_same<E, Float8E4M3>::value;
+  static constexpr std::uint32_t kMant = kE4M3 ? 3 : 2;
+
+  static F widen(const U& b) noexcept {
+    const U sign = (b & U(0x80u)) << 24;
+    const U magnitude = b & U(0x7fu);
+    const F normal = as_float((magnitude << (23 - kMant)) + U((kE4M3 ? 120u : 112u) << 23));
+    const F tiny = (as_float((magnitude & U((1u << kMant) - 1u)) | U(0x4b000000u)) - F(8388608.0f)) *
+                   F(kE4M3 ? 0x1p-9f : 0x1p-16f);
+    // magnitude, as the exact float 1 + magnitude * 2^-23 (compared as
+    // floats: xsimd 8.1 cannot select on integer lanes with AVX-512 at -O0).
+    const F mag = as_float(magnitude | U(0x3f800000u));
+    const F first_normal = as_float(U(0x3f800000u | (1u << kMant)));
+    F value = xsimd::select(mag < first_normal, tiny, normal);
+    if constexpr (kE4M3) {
+      value = xsimd::select(mag == as_float(U(0x3f80007fu)), F(std::numeric_limits<float>::quiet_NaN()), value);
+    } else {
+      value = xsimd::select(mag == as_float(U(0x3f80007cu)), F(std::numeric_limits<float>::infinity()), value);
+      value = xsimd::select(mag > as_float(U(0x3f80007cu)), F(std::numeric_limits<float>::quiet_NaN()), value);
+    }
+    return as_float(as_bits(value) | sign);
+  }
+};
+
+// fp8 on AVX2 and AVX-512: each run of `lanes` bytes zero-extended
+// (vpmovzxbd) and decoded, in channel order; elsewhere byte k of a lane is
+// plane k.
+template <class E, class Arch>
+struct Fp8Planes {
+  using F = xsimd::batch<float, Arch>;
+  using U = xsimd::batch<std::uint32_t, Arch>;
+  static constexpr bool kInOrder = is_avx512<Arch>() || is_avx2<Arch>();
+  static void load(const E* e, F* out) noexcept {
+    const auto* p = reinterpret_cast<const std::uint8_t*>(e);
+#if defined(__AVX512F__)
+    if constexpr (is_avx512<Arch>()) {
+      ROPE_UNROLL
+      for (std::size_t k = 0; k < 4; ++k) {
+        out[k] = Fp8Lanes<E, Arch>::widen(
+            U(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k)))));
+      }
+      return;
+    }
+#endif
+#if defined(__AVX2__)
+    if constexpr (is_avx2<Arch>()) {
+      ROPE_UNROLL
+      for (std::size_t k = 0; k < 4; ++k) {
+        out[k] = Fp8Lanes<E, Arch>::widen(
+            U(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * k)))));
+      }
+      return;
+    }
+#endif
+    const U u = U::load_unaligned(reinterpret_cast<const std::uint32_t*>(p));
+    ROPE_UNROLL
+    for (std::size_t k = 0; k < 4; ++k) out[k] = Fp8Lanes<E, Arch>::widen((u >> (8 * k)) & U(0xffu));
+  }
+};
+template <class Arch>
+struct KvPlanes<Float8E4M3, Arch> : Fp8Planes<Float8E4M3, Arch> {};
+template <class Arch>
+struct KvPlanes<Float8E5M2, Arch> : Fp8Planes<Float8E5M2, Arch> {};
 
 template <class E, class Arch>
 constexpr std::size_t kv_block() noexcept {

@@ -1,8 +1,10 @@
 // rope/kernels/kv_store.hpp — one row of floats rounded once into a KV cache's
 // element type: float copied, bfloat16 and float16 rounded to nearest even,
-// int8 quantized with its vector's own scale.
+// int8 and fp8 quantized with its vector's own scale.
 //
 //   int8: x_c = s q_c,  s = max_c |x_c| / 127,  q_c = x_c / s rounded to nearest even
+//   fp8:  x_c = s q_c,  s = max_c |x_c| / F::max(),  q_c = F(x_c / s) (fp8.hpp:
+//         to nearest, ties to even; never past the largest finite)
 //
 // The writers of the attention module (attention/writer.hpp) store every
 // cache row through these; the decode loop reads them back (kv_planes.hpp).
@@ -18,6 +20,7 @@
 #include "../detail/half_lanes.hpp"
 #include "../detail/simd.hpp"
 #include "../detail/xsimd.hpp"
+#include "../fp8.hpp"
 #include "../half.hpp"
 
 namespace rope {
@@ -136,6 +139,50 @@ void store_kv_row(const float* x, std::size_t n, std::int8_t* out, float* scale)
   for (std::size_t c = coded; c < n; ++c) {
     out[c] = static_cast<std::int8_t>(std::min(127.0f, std::max(-127.0f, std::nearbyint(x[c] / s))));
   }
+}
+
+namespace detail {
+
+// fp8: the row's scale maps its largest magnitude m onto the format's
+// largest finite value (the least subnormal where m / max underflows for a
+// nonzero m; one float up where a subnormal quotient rounded too far down);
+// each value is then one division, rounded, and one encode, to
+// nearest even. A quotient just past max (m / s rounds up) encodes to max,
+// as the encoder saturates. All zeros: s = 0, codes 0; a NaN or an infinity
+// anywhere: s = NaN, codes 0, so every value read back is NaN. The codes
+// are computed one by one (the encoder is integer work on each float's
+// bits); the decode is on the lanes (kv_planes.hpp).
+template <class E, class Arch>
+void store_fp8_row(const float* x, std::size_t n, E* out, float* scale) noexcept {
+  bool finite = true;
+  float m = 0.0f;
+  for (std::size_t c = 0; c < n; ++c) {
+    finite = finite && std::isfinite(x[c]);
+    m = std::max(m, std::fabs(x[c]));
+  }
+  float s = m > 0.0f && m / E::max() == 0.0f ? std::numeric_limits<float>::denorm_min() : m / E::max();
+  // A subnormal s is coarse: where it rounded down so far that m / s passes
+  // the largest code, the next float up (m / s then at most max, and every
+  // value within the half step of s's own codes; never saturated).
+  if (s < std::numeric_limits<float>::min() && m / s > E::max()) s = std::nextafter(s, 1.0f);
+  if (!finite || !(s > 0.0f)) {
+    std::fill_n(out, n, E::from_bits(0));
+    *scale = finite ? s : std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  *scale = s;
+  for (std::size_t c = 0; c < n; ++c) out[c] = E(x[c] / s);
+}
+
+}  // namespace detail
+
+template <class Arch = xsimd::default_arch>
+void store_kv_row(const float* x, std::size_t n, Float8E4M3* out, float* scale) noexcept {
+  detail::store_fp8_row<Float8E4M3, Arch>(x, n, out, scale);
+}
+template <class Arch = xsimd::default_arch>
+void store_kv_row(const float* x, std::size_t n, Float8E5M2* out, float* scale) noexcept {
+  detail::store_fp8_row<Float8E5M2, Arch>(x, n, out, scale);
 }
 
 }  // namespace rope
