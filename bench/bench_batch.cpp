@@ -7,7 +7,8 @@
 //
 //   batch_decode/<kv>/<layout>/T<n>  one new token for each of the 16
 //                                    sequences of kBatchLengths (32768 cached
-//                                    tokens in all), kv in f32 bf16 f16 i8,
+//                                    tokens in all), kv in f32 bf16 f16 i8
+//                                    (fp8 below),
 //                                    on n threads
 //       contiguous                   one page per sequence of the longest
 //                                    length (8192): block table row b = {b}
@@ -22,6 +23,8 @@
 //                                    pages of 16, shuffled
 //   batch_decode/bf16dot/paged/T1    the bf16 paged case with Products::bf16
 //   batch_decode/i8dot/paged/T1      the i8 paged case with Products::int8
+//   batch_decode/fp8/paged/T1,       fp8 E4M3 and E5M2 caches, paged, 1
+//     batch_decode/fp8e5m2/paged/T1  thread (and read/fp8, read/fp8e5m2)
 //                                    (each also against the exact step of
 //                                    the same run, counter vs_exact; its
 //                                    label names the instruction that ran)
@@ -101,6 +104,21 @@ void register_kv() {
       ->UseRealTime();
 }
 
+// An fp8 cache (kernels/kv_planes.hpp): the paged case on one thread and
+// its read only, against the other types' full set.
+template <class E>
+void register_fp8() {
+  const std::string kv = KvName<E>::value;
+  const std::vector<std::int64_t> lengths(std::begin(kBatchLengths), std::end(kBatchLengths));
+  benchmark::RegisterBenchmark(("attention/batch_decode/" + kv + "/paged/T1").c_str(), batch_case<E>, lengths,
+                               Layout::paged, std::size_t{1}, "batch/" + kv, rope::Products::exact)
+      ->Unit(benchmark::kMillisecond)
+      ->UseManualTime();
+  benchmark::RegisterBenchmark(("attention/batch_decode/read/" + kv).c_str(), read_case<E>, "read/" + kv)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+}
+
 // Registered in this order so that the cases of one cache run one after
 // another (without --benchmark_enable_random_interleaving).
 const bool kRegistered = [] {
@@ -108,6 +126,8 @@ const bool kRegistered = [] {
   register_kv<rope::BFloat16>();
   register_kv<rope::Float16>();
   register_kv<std::int8_t>();
+  register_fp8<rope::Float8E4M3>();
+  register_fp8<rope::Float8E5M2>();
   for (const std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
     benchmark::RegisterBenchmark(("attention/long_decode/bf16/paged/T" + std::to_string(threads)).c_str(),
                                  batch_case<rope::BFloat16>, std::vector<std::int64_t>{kLongLength}, Layout::paged,

@@ -419,6 +419,14 @@ def batch_rows(rep):
             rep.add(section, figure, batch, 1.0 / case["vs_read"], read_target.get(kv))
         elif case and read:
             rep.add(section, figure, batch, wall(case) / wall(read), read_target.get(kv))
+    # fp8 caches (issue 45): at most 1.3x the read of their bytes.
+    for kv in ("fp8", "fp8e5m2"):
+        case = rep.get(name(kv, "paged", 1))
+        if case and case.get("vs_read"):
+            rep.add(section, "batch_decode {} paged T1 time / read of its K and V bytes".format(kv), batch,
+                    1.0 / case["vs_read"], at_most(1.3) if kv == "fp8" else None)
+        rep.ratio(section, "batch_decode {} / i8, paged T1 (speed)".format(kv), batch, name(kv, "paged", 1),
+                  name("i8", "paged", 1), basis="time")
     for kv in BATCH_KV:
         for threads in (1, 2):
             rep.ratio(section, "batch_decode {} paged / contiguous T{} (speed)".format(kv, threads), batch,

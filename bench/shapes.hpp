@@ -11,6 +11,7 @@
 #include <new>
 #include <vector>
 
+#include <rope/fp8.hpp>
 #include <rope/half.hpp>
 
 namespace rope_bench {
@@ -63,6 +64,15 @@ struct KvName<rope::Float16> {
 template <>
 struct KvName<std::int8_t> {
   static constexpr const char* value = "i8";
+};
+// fp8 E4M3 under the name the cases were asked for by, E5M2 beside it.
+template <>
+struct KvName<rope::Float8E4M3> {
+  static constexpr const char* value = "fp8";
+};
+template <>
+struct KvName<rope::Float8E5M2> {
+  static constexpr const char* value = "fp8e5m2";
 };
 
 // An allocator of 64-byte aligned blocks, for buffers that stand for an
