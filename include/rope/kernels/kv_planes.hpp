@@ -221,23 +221,39 @@ struct Fp8Lanes {
   }
 };
 
-// fp8 on AVX2 and AVX-512: each run of `lanes` bytes zero-extended
-// (vpmovzxbd) and decoded, in channel order; elsewhere byte k of a lane is
-// plane k.
+// fp8 on AVX2 and AVX-512: each run of `lanes` bytes decoded in channel
+// order (AVX-512: through binary16; AVX2: zero-extended, vpmovzxbd, and
+// decoded on the lanes); elsewhere byte k of a lane is plane k.
 template <class E, class Arch>
 struct Fp8Planes {
   using F = xsimd::batch<float, Arch>;
   using U = xsimd::batch<std::uint32_t, Arch>;
   static constexpr bool kInOrder = is_avx512<Arch>() || is_avx2<Arch>();
+#if defined(__AVX512F__)
+  // AVX-512: 16 codes through binary16, which vcvtph2ps widens exactly
+  // (subnormals, infinities, NaN): an E5M2 code is the top byte of a
+  // binary16; an E4M3 code's magnitude bits moved one lower (5-bit exponent
+  // field, bias 15: the value 2^-8 of its own), times 2^8, and its NaN
+  // (0x7f, which lands on 480, a value no finite E4M3 code has) put back.
+  static F widen_16(const std::uint8_t* p) noexcept {
+    const __m256i w = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 8);
+    if constexpr (std::is_same<E, Float8E5M2>::value) {
+      return F(_mm512_cvtph_ps(w));
+    } else {
+      const __m256i sign = _mm256_and_si256(w, _mm256_set1_epi16(static_cast<short>(0x8000)));
+      const __m256i magnitude = _mm256_and_si256(_mm256_srli_epi16(w, 1), _mm256_set1_epi16(0x3f80));
+      const __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_or_si256(sign, magnitude)), _mm512_set1_ps(256.0f));
+      const __mmask16 nan = _mm512_cmp_ps_mask(_mm512_abs_ps(v), _mm512_set1_ps(480.0f), _CMP_EQ_OQ);
+      return F(_mm512_mask_mov_ps(v, nan, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN())));
+    }
+  }
+#endif
   static void load(const E* e, F* out) noexcept {
     const auto* p = reinterpret_cast<const std::uint8_t*>(e);
 #if defined(__AVX512F__)
     if constexpr (is_avx512<Arch>()) {
       ROPE_UNROLL
-      for (std::size_t k = 0; k < 4; ++k) {
-        out[k] = Fp8Lanes<E, Arch>::widen(
-            U(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k)))));
-      }
+      for (std::size_t k = 0; k < 4; ++k) out[k] = widen_16(p + 16 * k);
       return;
     }
 #endif
