@@ -19,16 +19,8 @@
 
 namespace {
 
-float from_bits(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-std::uint32_t to_bits(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
+using rope::detail::bits_float;
+using rope::detail::float_bits;
 
 // One FP8 format from its definition: exponent and mantissa widths, and
 // which top-exponent codes are NaN (E4M3: only S.1111.111; E5M2: IEEE-like,
@@ -119,7 +111,7 @@ template <class T>
 ::testing::AssertionResult encodes_nearest(const Format& f, float x) {
   const std::uint8_t got = T(x).bits, want = f.nearest(x);
   if (f.is_nan(want) ? f.is_nan(got) : got == want) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "x = " << x << " (bits 0x" << std::hex << to_bits(x) << "): code 0x"
+  return ::testing::AssertionFailure() << "x = " << x << " (bits 0x" << std::hex << float_bits(x) << "): code 0x"
                                        << unsigned(got) << ", the nearest is 0x" << unsigned(want);
 }
 
@@ -149,7 +141,7 @@ void check_random_floats(const Format& f) {
   std::mt19937 rng(8);
   std::uniform_int_distribution<std::uint32_t> bits;
   for (int i = 0; i < (1 << 20); ++i) {
-    const float x = from_bits(bits(rng));
+    const float x = bits_float(bits(rng));
     ASSERT_TRUE(encodes_nearest<T>(f, x));
   }
   // Where the exponent is near the format's: the exponent field of x drawn
@@ -157,7 +149,7 @@ void check_random_floats(const Format& f) {
   std::uniform_int_distribution<int> exponent(127 - f.bias() - f.mantissa_bits - 3, 127 + f.bias() + 3);
   for (int i = 0; i < (1 << 20); ++i) {
     const std::uint32_t u = (bits(rng) & 0x807fffffu) | (static_cast<std::uint32_t>(exponent(rng)) << 23);
-    ASSERT_TRUE(encodes_nearest<T>(f, from_bits(u)));
+    ASSERT_TRUE(encodes_nearest<T>(f, bits_float(u)));
   }
   const float inf = std::numeric_limits<float>::infinity();
   for (float x : {0.0f, -0.0f, std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::min(),

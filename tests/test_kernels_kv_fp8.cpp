@@ -35,12 +35,6 @@ namespace {
 
 using LD = long double;
 
-std::uint32_t bits_of(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-
 template <class Arch>
 class KvRowsFp8Lanes : public ::testing::Test {};
 TYPED_TEST_SUITE(KvRowsFp8Lanes, rope_test::DistinctArchs, rope_test::ArchNames);
@@ -69,8 +63,9 @@ void check_lanes_decode(const char* mode) {
       if (std::isnan(want)) {
         ASSERT_TRUE(std::isnan(g)) << Arch::name() << " " << mode << " code 0x" << std::hex << unsigned(code.bits);
       } else {
-        ASSERT_EQ(bits_of(g), bits_of(want)) << Arch::name() << " " << mode << " code 0x" << std::hex
-                                             << unsigned(code.bits) << ": " << g << " vs " << want;
+        ASSERT_EQ(rope::detail::float_bits(g), rope::detail::float_bits(want))
+            << Arch::name() << " " << mode << " code 0x" << std::hex << unsigned(code.bits) << ": " << g << " vs "
+            << want;
       }
     }
   }

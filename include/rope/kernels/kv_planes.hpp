@@ -62,24 +62,18 @@ struct KvElement<Float16> {
   static constexpr std::size_t kPerLane = 2;
   static constexpr bool kScaled = false;
 };
-template <>
-struct KvElement<std::int8_t> {
+// The one-byte types: four stored values per lane, a scale per row.
+struct KvScaledByte {
   static constexpr bool kSupported = true;
   static constexpr std::size_t kPerLane = 4;
   static constexpr bool kScaled = true;
 };
 template <>
-struct KvElement<Float8E4M3> {
-  static constexpr bool kSupported = true;
-  static constexpr std::size_t kPerLane = 4;
-  static constexpr bool kScaled = true;
-};
+struct KvElement<std::int8_t> : KvScaledByte {};
 template <>
-struct KvElement<Float8E5M2> {
-  static constexpr bool kSupported = true;
-  static constexpr std::size_t kPerLane = 4;
-  static constexpr bool kScaled = true;
-};
+struct KvElement<Float8E4M3> : KvScaledByte {};
+template <>
+struct KvElement<Float8E5M2> : KvScaledByte {};
 
 namespace detail {
 
