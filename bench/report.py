@@ -497,6 +497,21 @@ def mode_rows(rep):
         rep.ratio(section, figure, batch, "attention/batch_decode/{}/paged/T1".format(mode),
                   "attention/batch_decode/{}/paged/T1".format(exact), basis="time", paired="vs_exact")
 
+    # One causal prompt in each mode (bench/bench_prefill_modes.cpp): the
+    # bf16 modes against the f32 mode, every mode against a bare f32 GEMM
+    # of the same multiply-adds.
+    prompt = "causal prompt L 1024, 32/8 heads, d 128, bf16 q/k/v, T1"
+    for mode, target in (("bf16dot", at_least(1.7)), ("amx", at_least(5))):
+        case = rep.get("attention/prefill_modes/" + mode)
+        how = case.get("label", "") if case else ""
+        rep.ratio(section, "prefill_modes {} / f32 (speed){}".format(mode, ", " + how if how else ""), prompt,
+                  "attention/prefill_modes/" + mode, "attention/prefill_modes/f32", basis="time", target=target,
+                  paired="vs_f32")
+    for mode in ("f32", "bf16dot", "amx"):
+        rep.ratio(section, "prefill_modes {} / GEMM of its FLOPs (rate)".format(mode), prompt,
+                  "attention/prefill_modes/" + mode, "attention/prefill_modes/gemm", basis="time",
+                  paired="vs_gemm")
+
 
 def mla_rows(rep):
     """MLA over a latent cache and DeepSeek's sparse attention

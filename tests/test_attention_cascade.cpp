@@ -57,7 +57,7 @@ using rope::BFloat16;
 using rope::Float16;
 
 constexpr double kU = std::numeric_limits<float>::epsilon() / 2;
-constexpr std::size_t kPageSize = 4, kPages = 64, kStride = 20;
+constexpr std::size_t kPageSize = 4, kPages = 128, kStride = 40;
 
 // A pool of random rows of E (int8: random values and scales).
 template <class E>
@@ -246,15 +246,20 @@ TEST(CascadeLevels, FoundFromTheBlockTables) {
 template <class E>
 void oracle_row(const Pool<E>& pool, const ra::Plan& plan, const Step& step, const std::vector<float>& q, std::size_t t,
                 std::size_t h, double scale, double cap, const std::vector<double>& sinks, std::vector<LD>* out,
-                LD* lse, double* tol_out, double* tol_lse, bool bf16 = false) {
+                LD* lse, double* tol_out, double* tol_lse, bool bf16 = false, std::size_t window = 0) {
   std::size_t b = 0;
   while (static_cast<std::size_t>(step.starts[b + 1]) <= t) ++b;
   const std::size_t n = static_cast<std::size_t>(plan.position(t)) + 1;  // causal: keys 0 .. position
+  const std::size_t lo = window > 0 && n > window ? n - window : 0;      // and a window: the last `window`
   const std::size_t g = h / (pool.q_heads / pool.kv_heads), d = pool.d;
   std::vector<LD> s(n);
   at::Mat v(n, std::vector<LD>(d));
   double eps = 0, V = 0;
   for (std::size_t j = 0; j < n; ++j) {
+    if (j < lo) {
+      s[j] = -std::numeric_limits<LD>::infinity();
+      continue;
+    }
     const std::size_t slot =
         static_cast<std::size_t>(step.table[b * kStride + j / kPageSize]) * kPageSize + j % kPageSize;
     LD dot = 0, mag = 0, q_sum = 0, k_sum = 0;
@@ -516,24 +521,31 @@ Step one_prefix(std::size_t B, std::size_t shared) {
   return step;
 }
 
-// One bf16-mode cascade step against the oracle within the mode's bound,
-// with the hardware and without, and the same bytes for 2 and 3 threads.
-void check_bf16_step(const Pool<BFloat16>& pool, const Step& step, const std::string& what) {
+// One bf16-mode cascade step (or, cascade false, a plain step with a
+// causal mask of `window` keys, 0: none) against the oracle within the
+// mode's bound, with the hardware and without, and the same bytes for 2
+// and 3 threads.
+void check_bf16_step(const Pool<BFloat16>& pool, const Step& step, const std::string& what, bool cascade = true,
+                     std::size_t window = 0) {
   const std::size_t hq = pool.q_heads, d = pool.d;
   const std::vector<float> q = random_q(step.tokens() * hq * d, 32);
   ra::Logits logits;
   logits.softcap = 20.0;
   for (std::size_t h = 0; h < hq; ++h) logits.sinks.push_back(h % 3 == 0 ? -1.5 : 0.25 * static_cast<double>(h));
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  ra::Shape shape = shape_of(pool, true, 256);
+  ra::Shape shape = shape_of(pool, cascade, 256);
   shape.products = rope::Products::bf16;
-  ra::Plan plain, cascade;
+  ra::Mask mask;
+  mask.window = window;
+  ra::Plan plain, tested;
   ra::plan(plain, shape_of(pool, false), step.batch());
-  ra::plan(cascade, shape, step.batch());
-  ASSERT_NE(ra::detail::PlanAccess::cascade(cascade), nullptr) << what;
+  ra::plan(tested, shape, step.batch());
+  if (cascade) {
+    ASSERT_NE(ra::detail::PlanAccess::cascade(tested), nullptr) << what;
+  }
   for (const bool hardware : {true, false}) {
     rope::detail::products_hardware_allowed() = hardware;
-    const Rows c = attend_rows(cascade, pool, q, logits);
+    const Rows c = attend_rows(tested, pool, q, logits, mask);
     const std::string how = what + (hardware ? "" : ", without the hardware");
     double worst = 0;
     for (std::size_t t = 0; t < step.tokens(); ++t) {
@@ -541,7 +553,7 @@ void check_bf16_step(const Pool<BFloat16>& pool, const Step& step, const std::st
         std::vector<LD> want;
         LD lse = 0;
         double tol = 0, tol_lse = 0;
-        oracle_row(pool, plain, step, q, t, h, scale, 20.0, logits.sinks, &want, &lse, &tol, &tol_lse, true);
+        oracle_row(pool, plain, step, q, t, h, scale, 20.0, logits.sinks, &want, &lse, &tol, &tol_lse, true, window);
         const std::size_t r = t * hq + h;
         for (std::size_t x = 0; x < d; ++x) {
           const double e = std::fabs(static_cast<double>(c.out[r * d + x] - want[x]));
@@ -555,7 +567,7 @@ void check_bf16_step(const Pool<BFloat16>& pool, const Step& step, const std::st
     for (const std::size_t threads : {2, 3}) {
       ra::Plan more;
       ra::plan(more, shape, step.batch(), threads);
-      const Rows m = attend_rows(more, pool, q, logits);
+      const Rows m = attend_rows(more, pool, q, logits, mask);
       EXPECT_EQ(std::memcmp(m.out.data(), c.out.data(), c.out.size() * sizeof(float)), 0)
           << how << ", " << threads << " threads";
     }
@@ -571,6 +583,73 @@ TEST(AttendCascadeBf16, OnTilesAndWithoutWithinTheModesBound) {
     const Pool<BFloat16> pool(hq, hk, d, 31);
     check_bf16_step(pool, Step(), "nested levels, d " + std::to_string(d));
     check_bf16_step(pool, one_prefix(9, 18), "9 sequences over 72 keys, d " + std::to_string(d));
+  }
+}
+
+// A prompt's tokens in the bf16 mode: on AMX tiles where they run, in
+// blocks of kTileBlockRows query rows over the keys the block's tokens
+// see, each row masked to its own (attend.hpp, cascade_tiles.hpp); the
+// weights rounded to bf16 there as a level's are. Within the levels'
+// bound of the oracle, with the tiles and without (the decode loop, whose
+// bound is tighter), causal and with a window, and the same bytes for any
+// thread count. A step of a 150-token prompt (blocks of 32 and 64 tokens,
+// keys past one block of kTileBlockKeys), a decode token and a chunk of 21
+// tokens after 44 cached keys.
+Step prompt_step() {
+  Step step;
+  step.lengths = {150, 30, 65};
+  step.starts = {0, 150, 151, 172};
+  step.table.assign(3 * kStride, 0);
+  std::int32_t next = 0;
+  for (std::size_t b = 0; b < 3; ++b) {
+    const std::size_t used = (static_cast<std::size_t>(step.lengths[b]) + kPageSize - 1) / kPageSize;
+    for (std::size_t i = 0; i < used; ++i) step.table[b * kStride + i] = next++;
+  }
+  return step;
+}
+
+TEST(AttendPromptTiles, WithinTheModesBoundCausalAndWindowed) {
+  std::cout << "[ tiles ] a prompt's tokens on AMX tiles here: "
+            << (ra::detail::level_tiles_run<xsimd::default_arch>() ? "yes" : "no") << "\n";
+  for (const std::size_t d : {128, 8, 80}) {
+    const std::size_t hq = d == 128 ? 32 : 4, hk = d == 128 ? 8 : 2;
+    const Pool<BFloat16> pool(hq, hk, d, 51);
+    check_bf16_step(pool, prompt_step(), "a prompt, d " + std::to_string(d), false);
+    check_bf16_step(pool, prompt_step(), "a prompt, a window of 24, d " + std::to_string(d), false, 24);
+  }
+}
+
+// A NaN in the value of prompt token 40 (of sequence 0's 150) reaches the
+// rows of the tokens that see it (40 on) and no other's: the tiles' zero
+// weight times NaN is kept out of the rows that do not see it.
+TEST(AttendPromptTiles, ANaNValueReachesOnlyTheTokensThatSeeIt) {
+  Pool<BFloat16> pool(32, 8, 128, 52);
+  const Step step = prompt_step();
+  ra::Shape shape = shape_of(pool, false, 256);
+  shape.products = rope::Products::bf16;
+  ra::Plan plan;
+  ra::plan(plan, shape, step.batch());
+  const std::vector<float> q = random_q(step.tokens() * 32 * 128, 53);
+  const Rows clean = attend_rows(plan, pool, q, {});
+  const std::size_t key = 40,
+                    slot = static_cast<std::size_t>(step.table[key / kPageSize]) * kPageSize + key % kPageSize;
+  BFloat16* v = pool.cache.v.row(slot, 5);
+  const BFloat16 saved = v[7];
+  v[7] = BFloat16(std::numeric_limits<float>::quiet_NaN());
+  const Rows got = attend_rows(plan, pool, q, {});
+  v[7] = saved;
+  const std::size_t row = 32 * 128;
+  for (std::size_t t = 0; t < step.tokens(); ++t) {
+    const bool sees = t >= key && t < 150;
+    for (std::size_t h = 0; h < 32; ++h) {
+      const float* a = &got.out[t * row + h * 128];
+      const float* b = &clean.out[t * row + h * 128];
+      if (sees && h / 4 == 5) {
+        EXPECT_TRUE(std::isnan(a[7])) << "token " << t << " head " << h;
+      } else {
+        EXPECT_EQ(std::memcmp(a, b, 128 * sizeof(float)), 0) << "token " << t << " head " << h << " changed";
+      }
+    }
   }
 }
 

@@ -5,7 +5,9 @@
 //     random rows, rows of a wide dynamic range, a query with one huge
 //     channel, and two keys whose scores nearly tie;
 //   - the same bytes for any thread count and executor, and with the mode's
-//     instruction (vdpbf16ps, vpdpbusd) or without it;
+//     instruction (vdpbf16ps, vpdpbusd) or without it (in the bf16 mode
+//     where AMX runs, the decode tokens: the prompt's tokens run on tiles
+//     and are held to the levels' bound, below);
 //   - a mode over a cache of another type refused by name, nothing written.
 //
 // The bounds, per score s_j = scale * sum_c q_c k_jc (int8: times key j's
@@ -20,6 +22,9 @@
 //     then three float roundings (the sum past 2^24, times s_q, times
 //     scale * k_s, which itself rounds):
 //       eps_j = |scale k_s| ((s_q / 2) sum_c |k_c| + gamma_4 s_q sum_c |qi_c k_c|).
+//   bf16, a prompt's tokens on AMX tiles (test_attention_cascade.cpp's
+//     levels): g = gamma_(d + 5) (d exact products summed in any order),
+//     and the weights' rounding to bf16 adds (2^-8 + n 2^-126) V.
 // With eps the largest over the keys a row sees, n the keys, V their
 // largest |v|, the row is within (exp(2 eps) - 1) V + gamma_(2n + 4 parts +
 // 16) V of the oracle (docs/attention.md), its lse within eps + gamma.
@@ -36,7 +41,8 @@
 #include <vector>
 
 #include <rope/attention.hpp>
-#include <rope/kernels/kv_products.hpp>  // products_hardware_allowed, which a compiled attention library does not bring
+#include <rope/attention/cascade_tiles.hpp>  // level_tiles_run, which a compiled attention library does not bring
+#include <rope/kernels/kv_products.hpp>      // products_hardware_allowed, likewise
 
 #include "attention_oracle.hpp"
 #include "executors.hpp"
@@ -144,6 +150,8 @@ std::vector<float> attend(const Case<E>& c, rope::Products mode, const rope::Thr
 }
 
 // Every row of the mode against the oracle, within its bound.
+bool tiles_here() { return ra::detail::level_tiles_run<xsimd::default_arch>(); }
+
 template <class E>
 void check_bound(const Case<E>& c, rope::Products mode, const std::string& what) {
   std::vector<float> lse;
@@ -153,6 +161,8 @@ void check_bound(const Case<E>& c, rope::Products mode, const std::string& what)
   double worst = 0;
   for (std::size_t b = 0; b < c.lengths.size(); ++b) {
     const auto n_b = static_cast<std::size_t>(c.starts[b + 1] - c.starts[b]);
+    // The bf16 mode runs a prompt's tokens on AMX tiles where they run.
+    const bool on_tiles = mode == rope::Products::bf16 && n_b > 1 && tiles_here();
     for (std::size_t i = 0; i < n_b; ++i) {
       const std::size_t t = static_cast<std::size_t>(c.starts[b]) + i;
       const std::size_t n = static_cast<std::size_t>(c.lengths[b]) - n_b + i + 1;  // causal
@@ -192,7 +202,9 @@ void check_bound(const Case<E>& c, rope::Products mode, const std::string& what)
             const double ks = std::fabs(scale * static_cast<double>(*c.cache.k.scale(slot, g)));
             e = ks * (s_q / 2 * k_int + at::gamma_float(4) * s_q * qk_int);
           } else {
-            const double gm = at::gamma_float(2.0 * static_cast<double>((d + 31) / 32) + 5);
+            // A prompt's tokens on tiles: d products summed in any order.
+            const double gm = on_tiles ? at::gamma_float(static_cast<double>(d + 5))
+                                       : at::gamma_float(2.0 * static_cast<double>((d + 31) / 32) + 5);
             e = scale * ((std::ldexp(1.0, -8) * (1 + gm) + gm) * mag + kTiny * (k_sum + q_sum) +
                          (4.0 * static_cast<double>(d) + 64) * kTiny);
           }
@@ -201,7 +213,9 @@ void check_bound(const Case<E>& c, rope::Products mode, const std::string& what)
         const at::SoftmaxRow want = at::softmax_row(s, v, d, -std::numeric_limits<LD>::infinity());
         const double parts = static_cast<double>(n) / 256 + 2;
         const double rounding = at::gamma_float(2.0 * static_cast<double>(n) + 4 * parts + 16);
-        const double tol = std::expm1(2 * eps) * V + rounding * V;
+        // And their weights rounded to bf16 (2^-8, those below 2^-126 flushed).
+        const double weights = on_tiles ? std::ldexp(1.0, -8) + static_cast<double>(n) * kTiny : 0.0;
+        const double tol = std::expm1(2 * eps) * V + (rounding + weights) * V;
         for (std::size_t ch = 0; ch < d; ++ch) {
           const double err = std::fabs(static_cast<double>(out[(t * kHq + h) * d + ch] - want.out[ch]));
           ASSERT_LE(err, tol) << what << ": token " << t << " head " << h << " channel " << ch;
@@ -252,8 +266,19 @@ void check_same_bytes(rope::Products mode) {
     EXPECT_EQ(lse, lse1);
     EXPECT_EQ(attend(c, mode, rope::Threads(pool.executor(n)), 128, &lse), one) << "an executor of " << n;
   }
+  const bool tiles = mode == rope::Products::bf16 && tiles_here();
   rope::detail::products_hardware_allowed() = false;
-  EXPECT_EQ(attend(c, mode, 2, 128, &lse), one) << "without the mode's instruction";
+  std::vector<float> got = attend(c, mode, 2, 128, &lse);
+  if (tiles) {
+    // The prompt's tokens ran on tiles with the hardware (bounded,
+    // check_bound): the decode tokens' rows are the same bytes.
+    const std::size_t decode_rows = static_cast<std::size_t>(c.starts[2]) * kHq * c.d;
+    got.resize(decode_rows);
+    EXPECT_EQ(got, std::vector<float>(one.begin(), one.begin() + static_cast<std::ptrdiff_t>(decode_rows)))
+        << "the decode tokens without the mode's instruction";
+  } else {
+    EXPECT_EQ(got, one) << "without the mode's instruction";
+  }
   rope::detail::products_hardware_allowed() = true;
 }
 

@@ -11,7 +11,9 @@ namespace rope {
 // Each mode gives the decode loop the same bytes on every instruction set.
 // bf16 with cascade levels also rounds the levels' softmax weights to bf16
 // and runs their products on AMX tiles where the CPU and OS have them
-// (attention/cascade_tiles.hpp): bounded, not the same bytes everywhere
+// (attention/cascade_tiles.hpp), and there runs a prompt's tokens (two or
+// more new tokens of a sequence, not a tree, under a dense mask) on the
+// tiles the same way: bounded, not the same bytes everywhere
 // (docs/attention.md, "Product modes").
 enum class Products { exact, bf16, int8 };
 

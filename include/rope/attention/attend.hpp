@@ -149,6 +149,7 @@ class AttendRun {
   // partial state kept.
   void item(std::size_t index, AttendScratch s) const noexcept {
     const WorkItem& it = work_.items[index];
+    if (tiled(it)) return;  // its token's rows come from its block (block_item)
     const std::size_t H = p_.q_heads, dv = p_.dv;
     std::size_t first = 0, count = 0;
     cut(index, &first, &count);
@@ -188,6 +189,72 @@ class AttendRun {
     }
     attend_level<Q, E, Arch>(it, level.members, work_.cascade.members.data() + level.first_member, q_, keys, s,
                              partials_);
+  }
+
+  // A prompt's tokens on tiles (tile_blocks): item i of `blocks` in place
+  // of its tokens' own items, which item() then skips.
+  void take_blocks(const std::vector<WorkItem>* blocks, const unsigned char* tiled) noexcept {
+    blocks_ = blocks;
+    tiled_ = tiled;
+  }
+  bool tiled(const WorkItem& it) const noexcept { return tiled_ != nullptr && tiled_[it.sequence] != 0; }
+
+  // Block i's tokens and the keys each sees: [lo, hi) of its sequence's.
+  std::size_t block_keys(std::size_t i, std::size_t* tokens, std::size_t* lo, std::size_t* hi) const noexcept {
+    const WorkItem& it = (*blocks_)[i];
+    std::size_t seen = 0;
+    for (std::size_t k = 0; k < it.tokens; ++k) {
+      tokens[k] = it.token + k;
+      visible_keys(plan_.position(tokens[k]), PlanAccess::lengths(plan_)[it.sequence], p_.mask, lo + k, hi + k);
+      seen += hi[k] - lo[k];
+    }
+    return seen;
+  }
+
+  // Block i of a prompt's tokens on AMX tiles (cascade_tiles.hpp): their
+  // rows, each over the keys its token sees.
+  void block_item(std::size_t index, LevelScratch& s) const {
+    if constexpr (std::is_same<E, BFloat16>::value && rope::detail::kTilesArch<Arch>) {
+      const WorkItem& it = (*blocks_)[index];
+      std::size_t tokens[kTileBlockRows] = {}, lo[kTileBlockRows] = {}, hi[kTileBlockRows] = {};
+      block_keys(index, tokens, lo, hi);
+      std::size_t first = std::numeric_limits<std::size_t>::max(), end = 0;
+      for (std::size_t k = 0; k < it.tokens; ++k) {
+        first = std::min(first, lo[k]);
+        end = std::max(end, hi[k]);
+      }
+      const std::size_t H = p_.q_heads, G = H / p_.kv_heads, dv = p_.dv, da = rope::detail::tile_span(dv);
+      KvKeys<E> keys = keys_;
+      keys.pages = PlanAccess::pages_of(plan_, it.sequence);
+      float* row = s.tile_row(dv);
+      // Token k's rows of query heads g * G .. g * G + G - 1 (none seen: zeros).
+      const auto done = [&](std::size_t g, const float* acc, const float* m, const float* l) noexcept {
+        for (std::size_t k = 0; k < it.tokens; ++k) {
+          const bool sees = hi[k] > lo[k];
+          for (std::size_t r = 0; r < G; ++r) {
+            const std::size_t x = k * G + r, h = g * G + r;
+            finish_softmax_row<float>(m[x], l[x], acc + x * da, dv, p_.logits.sink(h), sees, row,
+                                      lse_ != nullptr ? lse_ + tokens[k] * H + h : nullptr);
+            store_kv_row<Arch>(row, dv, out_.row(tokens[k], h), nullptr);
+          }
+        }
+      };
+      if (end > first) {
+        attend_block_tiles<Q, Arch>(tokens, it.tokens, lo, hi, first, end - first, q_, keys, s, done);
+      } else {
+        const float none = -std::numeric_limits<float>::infinity(), zero = 0.0f;
+        for (std::size_t k = 0; k < it.tokens; ++k) {
+          for (std::size_t h = 0; h < H; ++h) {
+            finish_softmax_row<float>(none, zero, row, dv, p_.logits.sink(h), false, row,
+                                      lse_ != nullptr ? lse_ + tokens[k] * H + h : nullptr);
+            store_kv_row<Arch>(row, dv, out_.row(tokens[k], h), nullptr);
+          }
+        }
+      }
+    } else {
+      (void)index;
+      (void)s;
+    }
   }
 
   // One token of several partial states: its cascade levels' parts, then
@@ -239,7 +306,29 @@ class AttendRun {
   const WorkLayout& work_;
   float* partials_;
   KvKeys<E> keys_;
+  const std::vector<WorkItem>* blocks_ = nullptr;
+  const unsigned char* tiled_ = nullptr;
 };
+
+// The blocks of a prompt's tokens that run on tiles (the bf16 mode over a
+// bf16 cache, where AMX runs; dense masks): every sequence of two or more
+// new tokens that is not a tree, its tokens in blocks of kTileBlockRows
+// query rows; tiled[b] set for each such sequence.
+inline void tile_blocks(const Plan& plan, std::vector<WorkItem>& blocks, std::vector<unsigned char>& tiled) {
+  const std::int64_t* q_starts = PlanAccess::q_starts(plan);
+  const Shape& shape = plan.shape();
+  const std::size_t per = std::max<std::size_t>(1, kTileBlockRows / (shape.q_heads / shape.kv_heads));
+  tiled.assign(plan.sequences(), 0);
+  for (std::size_t b = 0; b < plan.sequences(); ++b) {
+    const auto n = static_cast<std::size_t>(q_starts[b + 1] - q_starts[b]), t0 = static_cast<std::size_t>(q_starts[b]);
+    if (n < 2 || PlanAccess::tree(plan, b)) continue;
+    tiled[b] = 1;
+    for (std::size_t t = t0; t < t0 + n; t += per) {
+      blocks.push_back({b, t, 0, static_cast<std::size_t>(PlanAccess::lengths(plan)[b]), WorkItem::kDirect,
+                        std::min(per, t0 + n - t)});
+    }
+  }
+}
 
 template <class E>
 const char* kv_type_name() noexcept {
@@ -277,7 +366,15 @@ void run_attend(const Plan& plan, const PagedCache<E>& cache, const View<const Q
   const std::size_t per = scratch_floats(p);
   ws.rows.resize(workers * per + rope::detail::kLineFloats);
   float* base = rope::detail::line_start(ws.rows);
-  const AttendRun<Q, E, O, Arch> run(plan, cache, q, out, lse, p, work, ws.partials.data());
+  AttendRun<Q, E, O, Arch> run(plan, cache, q, out, lse, p, work, ws.partials.data());
+  std::vector<WorkItem> blocks;
+  std::vector<unsigned char> tiled;
+  if constexpr (std::is_same<E, BFloat16>::value && rope::detail::kTilesArch<Arch>) {
+    if (p.products == Products::bf16 && p.mask.indices == nullptr && level_tiles_run<Arch>()) {
+      tile_blocks(plan, blocks, tiled);
+      if (!blocks.empty()) run.take_blocks(&blocks, tiled.data());
+    }
+  }
   const Executor& executor = plan.threads().executor;
   // Shares of about equal numbers of keys (and a few keys' worth per item,
   // its rows' setup): the parts of a long cache and a short one's keys are
@@ -285,23 +382,32 @@ void run_attend(const Plan& plan, const PagedCache<E>& cache, const View<const Q
   // Cascade level parts after the items: each worth its keys for each
   // member.
   const std::vector<LevelItem>& levels = work.cascade.items;
-  std::vector<LevelScratch> level_scratch(levels.empty() ? 0 : workers);
+  std::vector<LevelScratch> level_scratch(levels.empty() && blocks.empty() ? 0 : workers);
   std::size_t most = 0;
   for (const Level& level : work.cascade.levels) most = std::max(most, level.members);
   for (LevelScratch& s : level_scratch) s.grow(most, p.q_heads, p.kv_heads, p.d, p.dv);
+  // Blocks of a prompt's tokens on tiles last, each worth its tokens' keys.
+  const std::size_t levels_end = items + levels.size();
   rope::detail::parallel_for_costs(
-      items + levels.size(), threads, executor,
+      levels_end + blocks.size(), threads, executor,
       [&](std::size_t i) {
+        if (i >= levels_end) {
+          std::size_t tokens[kTileBlockRows] = {}, lo[kTileBlockRows] = {}, hi[kTileBlockRows] = {};
+          return run.block_keys(i - levels_end, tokens, lo, hi) + kItemCost;
+        }
         if (i >= items) {
           const LevelItem& it = levels[i - items];
           return it.keys * work.cascade.levels[it.level].members + kItemCost;
         }
+        if (run.tiled(work.items[i])) return std::size_t{0};
         std::size_t first = 0, count = 0;
         run.cut(i, &first, &count);
         return count + kItemCost;
       },
       [&](std::size_t i, std::size_t w) {
-        if (i >= items) {
+        if (i >= levels_end) {
+          run.block_item(i - levels_end, level_scratch[w]);
+        } else if (i >= items) {
           run.level_item(i - items, level_scratch[w]);
         } else {
           run.item(i, scratch_at(base + w * per, p));

@@ -97,13 +97,18 @@ class LevelScratch {
     }
     return tile_words_.data();
   }
+  // One output row's floats (a block of a prompt's tokens on tiles).
+  float* tile_row(std::size_t n) {
+    if (tile_row_.size() < n) tile_row_.resize(n);
+    return tile_row_.data();
+  }
   // The level whose query rows the tile words hold (a level's parts share
   // them): the tile path packs them once per level and call.
   std::size_t& tile_level() noexcept { return tile_level_; }
 
  private:
   static constexpr std::size_t kParts = 10;
-  std::vector<float> buffer_, tile_floats_;
+  std::vector<float> buffer_, tile_floats_, tile_row_;
   std::vector<std::uint16_t> tile_words_;
   std::size_t tile_level_ = static_cast<std::size_t>(-1);
   std::size_t sizes_[kParts] = {};
@@ -126,20 +131,33 @@ void widen_planes(const E* x, std::size_t n, float* out) noexcept {
   for (std::size_t c = full; c < n; ++c) out[c] = rope::detail::widen_value(x[c]);
 }
 
+// The keys each row of a block sees, for the rows of several tokens of one
+// sequence (a prompt's tokens on tiles, cascade_tiles.hpp): row r sees the
+// block's key j iff lo[r] <= j < hi[r] (whole floats, 0 to the block's
+// keys). lo null: every row sees every key (a cascade level's members).
+struct KeyRange {
+  const float* lo = nullptr;
+  const float* hi = nullptr;
+};
+
 // The online softmax of one block's scores of R rows (st: n keys of rs
 // floats, rows side by side), head g's state at m, l, acc (R rows of dv);
 // st left holding the weights, times the value scales for int8.
 template <class Arch>
 void level_softmax(float* st, std::size_t rs, std::size_t R, std::size_t n, std::size_t dv, const float* key_scales,
-                   const float* value_scales, float softcap, float* m, float* l, float* carried, float* acc) noexcept {
+                   const float* value_scales, float softcap, float* m, float* l, float* carried, float* acc,
+                   const KeyRange& seen = {}) noexcept {
   using F = xsimd::batch<float, Arch>;
   constexpr std::size_t L = F::size;
-  const F cap(softcap);
+  const F cap(softcap), none(-std::numeric_limits<float>::infinity());
   for (std::size_t j = 0; j < n; ++j) {
-    const F ks(key_scales[j]);
+    const F ks(key_scales[j]), key(static_cast<float>(j));
     for (std::size_t r = 0; r < rs; r += L) {
       F x = F::load_aligned(st + j * rs + r) * ks;
       if (softcap > 0.0f) x = cap * xsimd::tanh(x / cap);
+      if (seen.lo != nullptr) {  // after the cap: a key a row does not see is -inf, never -cap
+        x = xsimd::select(key >= F::load_aligned(seen.lo + r) && key < F::load_aligned(seen.hi + r), x, none);
+      }
       x.store_aligned(st + j * rs + r);
     }
   }
@@ -161,7 +179,10 @@ void level_softmax(float* st, std::size_t rs, std::size_t R, std::size_t n, std:
     }
   }
   for (std::size_t r = 0; r < rs; r += L) {
-    const F top = F::load_aligned(m + r);
+    F top = F::load_aligned(m + r);
+    // A masked row that has seen no key yet: its -inf weights stay 0, not
+    // -inf - -inf.
+    if (seen.lo != nullptr) top = xsimd::select(top == none, F(0.0f), top);
     F sum(0.0f);
     for (std::size_t j = 0; j < n; ++j) {
       const F w = rope::detail::exp_weights<Arch>(F::load_aligned(st + j * rs + r) - top);

@@ -33,11 +33,19 @@ namespace rope::attention::detail {
 template <class Arch>
 bool level_tiles_run() noexcept {
   if constexpr (rope::detail::kTilesArch<Arch>) {
-    return rope::detail::products_hardware_allowed() && rope::detail::amx_bf16_runs<Arch>();
+    return rope::detail::products_hardware_allowed() && rope::detail::tiles_allowed() &&
+           rope::detail::amx_bf16_runs<Arch>();
   } else {
     return false;
   }
 }
+
+// Query rows (tokens x the query heads of a key/value head) of a block of
+// a prompt's tokens on tiles: each key read once for them all.
+constexpr std::size_t kTileBlockRows = 128;
+// Keys per block of such rows: the sums' tiles are loaded and stored once
+// per block.
+constexpr std::size_t kTileBlockKeys = 128;
 
 #if defined(__x86_64__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__GNUC__)
 
@@ -48,12 +56,31 @@ void tile_queries(const View<const Q>& q, const std::size_t* members, std::size_
                   std::size_t d, std::size_t rows, float* wide, std::uint16_t* row, std::uint16_t* qv) noexcept {
   const std::size_t dk = rope::detail::tile_span(d);
   std::fill_n(qv, Hk * dk * rows, std::uint16_t{0});
+  // Channel pair i of row r is dword i * rows + r of a head's words.
+  const __m256i apart =
+      _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(rows)));
   for (std::size_t g = 0; g < Hk; ++g) {
     std::uint16_t* head = qv + g * dk * rows;
     for (std::size_t r = 0; r < R; ++r) {
       widen_row(q.row(members[r / G], g * G + r % G), d, wide);
-      rope::detail::bf16_query(wide, d, row);
-      for (std::size_t c = 0; c < d; ++c) head[(c / 2) * rows * 2 + r * 2 + c % 2] = row[c];
+      std::size_t c = 0;
+      for (; c + 16 <= d; c += 16) {  // bf16_query's steps, 16 channels at a time
+        const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(wide + c));
+        const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+        __m512i b = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+        const __mmask16 nan =
+            _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+        b = _mm512_mask_or_epi32(b, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+        const __mmask16 tiny = _mm512_testn_epi32_mask(b, _mm512_set1_epi32(0x7f80));
+        b = _mm512_mask_and_epi32(b, tiny, b, _mm512_set1_epi32(0x8000));
+        const __m256i words = _mm512_cvtepi32_epi16(b);  // 16 words: 8 channel pairs
+        auto* dwords = reinterpret_cast<int*>(head) + (c / 2) * rows + r;
+        _mm256_i32scatter_epi32(dwords, apart, words, 4);
+      }
+      if (c < d) {
+        rope::detail::bf16_query(wide + c, d - c, row);
+        for (std::size_t x = 0; x < d - c; ++x) head[((c + x) / 2) * rows * 2 + r * 2 + (c + x) % 2] = row[x];
+      }
     }
   }
 }
@@ -137,6 +164,125 @@ void attend_level_tiles(const LevelItem& item, std::size_t M, const std::size_t*
   }
 }
 
+// Whether a stored bf16 row of n values holds no infinity and no NaN
+// (exponent all ones).
+template <class Arch>
+bool finite_bf16_row(const std::uint16_t* v, std::size_t n) noexcept {
+  const __m512i exponent = _mm512_set1_epi16(0x7f80);
+  for (std::size_t c = 0; c < n; c += 32) {
+    const std::size_t left = n - c;
+    const __mmask32 in = left >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((std::uint64_t{1} << left) - 1);
+    const __m512i x = _mm512_and_si512(_mm512_maskz_loadu_epi16(in, v + c), exponent);
+    if (_mm512_mask_cmpeq_epi16_mask(in, x, exponent) != 0) return false;
+  }
+  return true;
+}
+
+// Head g's keys [c0, c0 + n) of a block of a prompt's rows in the tiles'
+// order: keys as rows of dk words (zero past d, zero rows up to a pair of
+// tiles), values in pairs of keys (vv). A value row outside [all_lo,
+// all_hi) (not seen by every row) that is not finite goes in as zeros and
+// its index into apart; returns how many did.
+template <class Arch>
+std::size_t block_operands(const KvKeys<BFloat16>& base, std::size_t g, std::size_t c0, std::size_t n,
+                           std::size_t all_lo, std::size_t all_hi, std::uint16_t* keys, std::uint16_t* vv,
+                           const std::uint16_t* zeros, std::size_t* apart) noexcept {
+  const std::size_t d = base.d, dv = base.dv, ps = base.page_size, n32 = rope::detail::tile_span(n);
+  const std::size_t dk = rope::detail::tile_span(d), da = rope::detail::tile_span(dv);
+  const auto* k_words = reinterpret_cast<const std::uint16_t*>(base.k);
+  const auto* v_words = reinterpret_cast<const std::uint16_t*>(base.v);
+  if (d < dk) std::fill_n(keys, n * dk, std::uint16_t{0});      // the channels past d
+  std::fill(keys + n * dk, keys + n32 * dk, std::uint16_t{0});  // the keys past n
+  const std::uint16_t* v_rows[kTileBlockKeys];
+  std::size_t left_out = 0;
+  for (std::size_t j = 0; j < n; ++j) {
+    const std::size_t key = c0 + j, page = static_cast<std::size_t>(base.pages[key / ps]), at = key % ps;
+    std::memcpy(keys + j * dk, k_words + page * base.k_page_stride + at * base.k_token_stride + g * base.k_head_stride,
+                d * 2);
+    v_rows[j] = v_words + page * base.v_page_stride + at * base.v_token_stride + g * base.v_head_stride;
+    if ((key < all_lo || key >= all_hi) && !finite_bf16_row<Arch>(v_rows[j], dv)) {
+      apart[left_out++] = j;
+      v_rows[j] = zeros;
+    }
+  }
+  for (std::size_t j = 0; j < n32; j += 2) {
+    const std::uint16_t* a = j < n ? v_rows[j] : zeros;
+    const std::uint16_t* b = j + 1 < n ? v_rows[j + 1] : nullptr;
+    rope::detail::pair_rows<Arch>(a, b, dv, da, vv + j * da);
+  }
+  return left_out;
+}
+
+// The rows of a prompt's tokens on tiles: tokens[0 .. T) of one sequence
+// (their query rows, head by head, as a level's members'), over its keys
+// [first, first + count), token i seeing keys [lo[i], hi[i]) of them (the
+// mask). Head by head, in blocks of kTileBlockKeys keys: the level's steps,
+// each row's keys past its range -inf (after the cap) and weight 0. A
+// value row some row of the block does not see and that is not finite is
+// left out of the tile and added, as the tile would add it, to the rows
+// that see it only: a NaN never reaches a token that does not see it.
+// After each key/value head g: done(g, acc, m, l), its rows' sums (row
+// i * G + r for token i's query head g * G + r; acc rows da floats apart).
+template <class Q, class Arch, class Done>
+void attend_block_tiles(const std::size_t* tokens, std::size_t T, const std::size_t* lo, const std::size_t* hi,
+                        std::size_t first, std::size_t count, const View<const Q>& q, const KvKeys<BFloat16>& base,
+                        LevelScratch& s, Done&& done) {
+  const std::size_t Hk = base.kv_heads, G = base.q_heads / Hk, R = T * G, d = base.d, dv = base.dv;
+  const std::size_t ps = base.page_size, rows = rope::detail::tile_span(R), dk = rope::detail::tile_span(d),
+                    da = rope::detail::tile_span(dv);
+  constexpr std::size_t kw = kTileBlockKeys;
+  float* st = s.tile_floats(kw * rows + rows * (da + 3) + kw + dk + 2 * rows);
+  float *acc = st + kw * rows, *m = acc + rows * da, *l = m + rows, *carried = l + rows;
+  float *scales = carried + rows, *rlo = scales + kw, *rhi = rlo + rows, *wide = rhi + rows;
+  std::uint16_t* qv = s.tile_words(Hk * dk * rows + kw * dk + kw * da + rows * kw + dk + da);
+  std::uint16_t *keys = qv + Hk * dk * rows, *vv = keys + kw * dk, *wt = vv + kw * da, *row = wt + rows * kw;
+  std::uint16_t* zeros = row + dk;
+  tile_queries<Q, Arch>(q, tokens, R, G, Hk, d, rows, wide, row, qv);
+  s.tile_level() = static_cast<std::size_t>(-1);  // the words hold this block's rows, no level's
+  std::fill_n(zeros, da, std::uint16_t{0});
+  std::fill_n(scales, kw, base.scale);
+  const auto* v_words = reinterpret_cast<const std::uint16_t*>(base.v);
+  const std::size_t end = first + count;
+  std::size_t all_lo = first, all_hi = end;  // keys every row sees: [all_lo, all_hi)
+  for (std::size_t i = 0; i < T; ++i) {
+    all_lo = std::max(all_lo, lo[i]);
+    all_hi = std::min(all_hi, hi[i]);
+  }
+  std::size_t apart[kw];  // the block's keys left out of the tile (not finite, not seen by every row)
+  rope::detail::TileConfig<Arch> tiles;
+  for (std::size_t g = 0; g < Hk; ++g) {
+    std::fill_n(acc, rows * da, 0.0f);
+    std::fill_n(m, rows, -std::numeric_limits<float>::infinity());
+    std::fill_n(l, rows, 0.0f);
+    for (std::size_t c0 = first; c0 < end; c0 += kw) {
+      const std::size_t n = std::min(kw, end - c0), n32 = rope::detail::tile_span(n);
+      const std::size_t left_out = block_operands<Arch>(base, g, c0, n, all_lo, all_hi, keys, vv, zeros, apart);
+      for (std::size_t r = 0; r < rows; ++r) {  // each row's keys of this block; padding rows none
+        const std::size_t a = r < R ? std::clamp(lo[r / G], c0, c0 + n) - c0 : 0;
+        const std::size_t b = r < R ? std::clamp(hi[r / G], c0, c0 + n) - c0 : 0;
+        rlo[r] = static_cast<float>(a);
+        rhi[r] = static_cast<float>(std::max(a, b));
+      }
+      rope::detail::tile_scores<Arch>(keys, dk, n32, qv + g * dk * rows, rows, st, rows);
+      level_softmax<Arch>(st, rows, R, n, da, scales, nullptr, base.softcap, m, l, carried, acc, KeyRange{rlo, rhi});
+      rope::detail::pack_weights<Arch>(st, rows, n, rows, wt, kw);
+      rope::detail::tile_values<Arch>(wt, kw, n32, vv, da, rows, acc);
+      for (std::size_t k = 0; k < left_out; ++k) {
+        const std::size_t j = apart[k];
+        const std::size_t key = c0 + j, page = static_cast<std::size_t>(base.pages[key / ps]), at = key % ps;
+        const std::uint16_t* v =
+            v_words + page * base.v_page_stride + at * base.v_token_stride + g * base.v_head_stride;
+        for (std::size_t r = 0; r < R; ++r) {
+          if (key < lo[r / G] || key >= hi[r / G]) continue;
+          const float w = rope::detail::bfloat16_bits_to_float(wt[r * kw + j]);
+          for (std::size_t c = 0; c < dv; ++c) acc[r * da + c] += w * rope::detail::bfloat16_bits_to_float(v[c]);
+        }
+      }
+    }
+    done(g, static_cast<const float*>(acc), static_cast<const float*>(m), static_cast<const float*>(l));
+  }
+}
+
 #else
 
 // Declared for attend's call, which no code without the tiles compiles
@@ -144,6 +290,10 @@ void attend_level_tiles(const LevelItem& item, std::size_t M, const std::size_t*
 template <class Q, class Arch>
 void attend_level_tiles(const LevelItem& item, std::size_t M, const std::size_t* members, const View<const Q>& q,
                         const KvKeys<BFloat16>& base, LevelScratch& s, float* partials) noexcept;
+template <class Q, class Arch, class Done>
+void attend_block_tiles(const std::size_t* tokens, std::size_t T, const std::size_t* lo, const std::size_t* hi,
+                        std::size_t first, std::size_t count, const View<const Q>& q, const KvKeys<BFloat16>& base,
+                        LevelScratch& s, Done&& done);
 
 #endif
 

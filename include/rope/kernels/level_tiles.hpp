@@ -78,6 +78,13 @@ bool amx_bf16_runs() noexcept {
 #endif
 }
 
+// Whether the tiles may be used where they run (the bench turns them off
+// to time the bf16 mode's other path on one machine).
+inline bool& tiles_allowed() noexcept {
+  static bool allowed = true;
+  return allowed;
+}
+
 // Rows of 16, columns of 32 bf16 (64 bytes): every tile the kernels use.
 constexpr std::size_t kTileRows = 16, kTileBf16 = 32;
 
