@@ -11,6 +11,10 @@
 //                          lengths 256 .. 8192 (32000 keys in all), kv in f32
 //                          bf16 i8, on n threads; T1 paired with the GEMMs
 //                          (vs_gemm), T2 with T1 (vs_T1)
+//   mla_decode/bf16dot/T1  the bf16 case in the bf16 product mode
+//                          (Shape::products: on AMX tiles where they run),
+//                          paired with the exact bf16 case (vs_exact) and
+//                          with the GEMMs (vs_gemm)
 //   mla_decode/gemm        per sequence [128 x 576] x [576 x L] and
 //                          [128 x L] x [L x 512] over contiguous f32 rows
 //   mla_prefill/bf16       one 2048-token prompt, causal, 1 thread
@@ -42,6 +46,7 @@
 #include <Eigen/Core>
 
 #include <rope/attention.hpp>
+#include <rope/attention/cascade_tiles.hpp>  // level_tiles_run
 
 #include "memory.hpp"
 #include "paired.hpp"
@@ -70,7 +75,9 @@ struct MlaCase {
   std::vector<float> q_lat, q_pe, out;
   ra::Plan plan;
 
-  MlaCase(std::vector<std::int64_t> lens, std::size_t new_tokens, std::size_t threads) : lengths(std::move(lens)) {
+  MlaCase(std::vector<std::int64_t> lens, std::size_t new_tokens, std::size_t threads,
+          rope::Products products = rope::Products::exact)
+      : lengths(std::move(lens)) {
     q_starts.push_back(0);
     std::size_t pages = 0;
     for (const std::int64_t l : lengths) {
@@ -104,8 +111,9 @@ struct MlaCase {
     out.resize(q_lat.size());
     for (float& x : q_lat) x = noise();
     for (float& x : q_pe) x = noise();
-    ra::plan(plan, ra::Shape::of(cache, kHeads),
-             {q_starts.data(), lengths.data(), block_table.data(), stride, lengths.size()}, threads);
+    ra::Shape shape = ra::Shape::of(cache, kHeads);
+    shape.products = products;
+    ra::plan(plan, shape, {q_starts.data(), lengths.data(), block_table.data(), stride, lengths.size()}, threads);
   }
   std::size_t tokens() const { return static_cast<std::size_t>(q_starts.back()); }
   void attend(const ra::Mask& mask = {}) {
@@ -168,6 +176,25 @@ void mla_decode(benchmark::State& state, std::size_t threads) {
         state, "vs_T1", 1, [&] { one->attend(); }, [&] { c.attend(); });
   }
   set_flops(state, decode_macs(lengths));
+}
+
+// The bf16 cache's decode step in the bf16 product mode, paired with the
+// exact mode over the same cache (vs_exact) and with the GEMMs (vs_gemm).
+void mla_decode_dot(benchmark::State& state) {
+  const std::vector<std::int64_t> lengths(std::begin(kDecodeLengths), std::end(kDecodeLengths));
+  MlaCase<rope::BFloat16> dot(lengths, 1, 1, rope::Products::bf16), exact(lengths, 1, 1);
+  Gemms gemms(kHeads, 8192);
+  rope_bench::paired(
+      state, 1,
+      {{"vs_exact", [&] { exact.attend(); }},
+       {"vs_gemm",
+        [&] {
+          for (const std::int64_t l : lengths) gemms.run(kHeads, static_cast<std::size_t>(l));
+        }}},
+      [&] { dot.attend(); }, [] {});
+  set_flops(state, decode_macs(lengths));
+  state.SetLabel(ra::detail::level_tiles_run<xsimd::default_arch>() ? "scores by tdpbf16ps tiles"
+                                                                    : "float GEMMs over bf16-rounded q and weights");
 }
 
 void mla_decode_gemm(benchmark::State& state) {
@@ -313,6 +340,9 @@ const bool kRegistered = [] {
   register_decode<float>("f32");
   register_decode<rope::BFloat16>("bf16");
   register_decode<std::int8_t>("i8");
+  benchmark::RegisterBenchmark("attention/mla_decode/bf16dot/T1", mla_decode_dot)
+      ->Unit(benchmark::kMillisecond)
+      ->UseManualTime();
   benchmark::RegisterBenchmark("attention/mla_decode/gemm", mla_decode_gemm)
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime();

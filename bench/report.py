@@ -527,6 +527,11 @@ def mla_rows(rep):
         rep.ratio(section, "mla_decode {}: T2 / T1 (speed)".format(kv), decode,
                   "attention/mla_decode/{}/T2".format(kv), "attention/mla_decode/{}/T1".format(kv), basis="time",
                   target=at_least(1.8) if kv == "bf16" else None, paired="vs_T1")
+    dot = rep.get("attention/mla_decode/bf16dot/T1")
+    how = dot.get("label", "") if dot else ""
+    rep.ratio(section, "mla_decode bf16dot / exact bf16, T1 (speed){}".format(", " + how if how else ""), decode,
+              "attention/mla_decode/bf16dot/T1", "attention/mla_decode/bf16/T1", basis="time",
+              target=at_least(1.6), paired="vs_exact")
     rep.ratio(section, "mla_prefill bf16 / GEMM of its FLOPs (rate)", "2048-token prompt, 128 heads",
               "attention/mla_prefill/bf16", "attention/mla_prefill/gemm", basis="time", target=at_least(0.8),
               paired="vs_gemm")

@@ -39,6 +39,14 @@
 //   The log-sum-exp is 1-Lipschitz in the scores (eps_s), and moves by the
 //   denominator's relative error ((n + 6 parts + 10) eps) and its own two
 //   roundings (2 eps |lse|).
+// The bf16 product mode (Call::products, docs/attention.md "Product
+// modes"): q rounded to bf16 (2^-8 relative, values below 2^-126 flushed),
+// the width products exact and summed in any order, the weights rounded
+// to bf16:
+//   e_j = scale ((1 + 2^-8) sum_x |dq_x c_jx| + (2^-8 (1 + g) + g) sum_x |q_x k_jx|
+//         + 2^-126 (sum_x |k_jx| + sum_x |q_x|) + (4 width + 64) 2^-126) + 2 eps |s_j|,
+//   g = (width + 5) eps, and (2^-8 + n 2^-126) max_j |v_j| more per channel
+//   for the weights; the tiles' blocks of 128 keys in parts.
 // eps = 2^-23 throughout, twice float's unit roundoff: every gamma_k above
 // is taken at twice its size.
 #pragma once
@@ -326,6 +334,7 @@ struct Call {
   ra::Mask mask;
   std::size_t kv_split = 512;
   rope::Threads threads;
+  rope::Products products = rope::Products::exact;
 };
 
 struct Result {
@@ -341,7 +350,9 @@ template <class E>
 Result attend(const Model& m, const Store<E>& st, const std::vector<float>& q_pe, const Call& c) {
   const std::size_t T = m.lay.tokens(), H = m.d.heads, L = m.d.latent;
   ra::Plan p;
-  ra::plan(p, m.shape(c.kv_split), m.lay.batch(), c.threads);
+  ra::Shape shape = m.shape(c.kv_split);
+  shape.products = c.products;
+  ra::plan(p, shape, m.lay.batch(), c.threads);
   Result r;
   r.out.assign(T * H * L, -777.0f);
   r.lse.assign(T * H, -555.0f);
@@ -407,7 +418,7 @@ struct RowExpect {
 // s: the capped exact scores; err: each score's float error bound (after
 // the cap); parts: the blocks and split parts the keys were summed in.
 inline RowExpect softmax_expect(const std::vector<LD>& s, const std::vector<LD>& err, const at::Mat& v, std::size_t dv,
-                                LD sink, double parts) {
+                                LD sink, double parts, bool bf16_weights = false) {
   RowExpect r;
   const at::SoftmaxRow row = at::softmax_row(s, v, dv, sink);
   r.out = row.out;
@@ -417,7 +428,8 @@ inline RowExpect softmax_expect(const std::vector<LD>& s, const std::vector<LD>&
   LD eps_s = 0;
   for (const LD e : err) eps_s = std::max(eps_s, e);
   const double n = static_cast<double>(s.size());
-  const double f = std::expm1(2 * static_cast<double>(eps_s)) + (3 * n + 6 * parts + 30) * kEps;
+  const double weights = bf16_weights ? std::ldexp(1.0, -8) + n * std::ldexp(1.0, -126) : 0.0;
+  const double f = std::expm1(2 * static_cast<double>(eps_s)) + (3 * n + 6 * parts + 30) * kEps + weights;
   for (std::size_t c = 0; c < dv; ++c) {
     LD top = 0;
     for (const auto& vj : v) top = std::max(top, std::fabs(vj[c]));
@@ -486,6 +498,7 @@ inline Expected oracle(const Model& m, const Stored& st, const std::vector<float
   const Dims& d = m.d;
   const std::size_t T = m.lay.tokens(), H = d.heads, L = d.latent, R = d.rope, N = d.nope, V = d.v_head;
   const LD scale = scale_of(c.logits, d.width()), cap = cap_of(c.logits);
+  const bool bf16 = c.products == rope::Products::bf16;
   Expected e;
   e.out.assign(T * H * V, 0);
   e.lat.assign(T * H * L, 0);
@@ -514,27 +527,37 @@ inline Expected oracle(const Model& m, const Stored& st, const std::vector<float
         const auto j = static_cast<std::size_t>(j64);
         const std::vector<LD>& row = st.rows[b][j];
         const std::vector<LD>& kn = st.k_nope[b][h][j];
-        LD dot = 0, mag = 0, dq_mag = 0;
+        LD dot = 0, mag = 0, dq_mag = 0, k_sum = 0, q_sum = 0;
         for (std::size_t i = 0; i < N; ++i) dot += static_cast<LD>(qn[i]) * kn[i];
         for (std::size_t r = 0; r < R; ++r) {
           dot += static_cast<LD>(qp[r]) * row[L + r];
           mag += std::fabs(static_cast<LD>(qp[r]) * row[L + r]);
+          k_sum += std::fabs(row[L + r]);
+          q_sum += std::fabs(static_cast<LD>(qp[r]));
         }
         for (std::size_t x = 0; x < L; ++x) {
           mag += std::fabs(static_cast<LD>(ql[x]) * row[x]);
           dq_mag += dq[x] * std::fabs(row[x]);
+          k_sum += std::fabs(row[x]);
+          q_sum += std::fabs(static_cast<LD>(ql[x]));
         }
         const LD raw = scale * dot;
-        const LD e0 = scale * (dq_mag + (d.width() + 4) * kEps * mag) + 2 * kEps * std::fabs(raw);
+        LD e0 = scale * (dq_mag + (d.width() + 4) * kEps * mag) + 2 * kEps * std::fabs(raw);
+        if (bf16) {
+          const LD u8 = std::ldexp(1.0L, -8), tiny = std::ldexp(1.0L, -126), g = (d.width() + 5) * kEps;
+          e0 = scale * ((1 + u8) * dq_mag + (u8 * (1 + g) + g) * mag + tiny * (k_sum + q_sum) +
+                        (4.0L * d.width() + 64) * tiny) +
+               2 * kEps * std::fabs(raw);
+        }
         s.push_back(cap > 0 ? cap * std::tanh(raw / cap) : raw);
         err.push_back(through_cap(raw, e0, cap));
         lat_v.emplace_back(row.begin(), row.begin() + static_cast<std::ptrdiff_t>(L));
         out_v.push_back(st.v[b][h][j]);
       }
-      const double parts = parts_of(s.size(), c.kv_split);
+      const double parts = parts_of(s.size(), c.kv_split) + (bf16 ? static_cast<double>(s.size() / 128) : 0.0);
       const LD sink = sink_of(c.logits, h);
-      const RowExpect lat = softmax_expect(s, err, lat_v, L, sink, parts);
-      const RowExpect out = softmax_expect(s, err, out_v, V, sink, parts);
+      const RowExpect lat = softmax_expect(s, err, lat_v, L, sink, parts, bf16);
+      const RowExpect out = softmax_expect(s, err, out_v, V, sink, parts, bf16);
       e.lse[th] = lat.lse;
       e.lse_bound[th] = lat.lse_bound;
       LD top_c = 0;

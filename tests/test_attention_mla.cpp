@@ -37,6 +37,8 @@
 #include <vector>
 
 #include <rope/attention.hpp>
+#include <rope/attention/cascade_tiles.hpp>  // level_tiles_run, which a compiled attention library does not bring
+#include <rope/kernels/kv_products.hpp>      // products_hardware_allowed, likewise
 
 #include "executors.hpp"
 #include "kv_elements.hpp"
@@ -143,6 +145,41 @@ TEST(MlaAttend, MatchesTheUnabsorbedOracleForEveryCacheType) {
       }
     });
   }
+}
+
+// The bf16 product mode over a bf16 latent cache (docs/attention.md,
+// "Product modes"): q and the weights rounded to bf16, on AMX tiles where
+// they run (one key/value head: every query head's rows read each cache
+// row once), else float GEMMs over the rounded values. Within the mode's
+// bound (mla_oracle.hpp) of the unabsorbed oracle, with the tiles and
+// without, for every call of the cases (decode parts, prompts in blocks,
+// windows, softcaps, sinks); the same bytes for 1 and 3 threads.
+TEST(MlaAttend, Bf16ProductsWithinTheirBoundOnTilesAndWithout) {
+  std::cout << "[ tiles ] MLA on AMX tiles here: "
+            << (ra::detail::level_tiles_run<xsimd::default_arch>() ? "yes" : "no") << "\n";
+  for (const Case& k : cases()) {
+    const Model m(k.dims, k.seqs, k.page_size, 17, k.style);
+    Store<rope::BFloat16> st(m.lay, m.d);
+    const std::vector<float> q_pe = write(m, st);
+    const Stored rows = stored(m, st);
+    for (const bool hardware : {true, false}) {
+      rope::detail::products_hardware_allowed() = hardware;
+      double worst = 0;
+      for (auto [name, c] : calls(m, true)) {
+        c.products = rope::Products::bf16;
+        const std::string what = k.name + ", " + name + (hardware ? "" : ", without the hardware");
+        const Result got = attend(m, st, q_pe, c);
+        worst = std::max(worst, expect_near(m, got, oracle(m, rows, q_pe, c), what));
+        c.threads = 3;
+        EXPECT_TRUE(attend(m, st, q_pe, c).same_bytes(got)) << what << ", 3 threads";
+      }
+      std::cout << "[ tiles ] " << k.name << (hardware ? "" : ", without the hardware") << ": largest error " << worst
+                << " of the bound\n";
+      EXPECT_LE(worst, 1.0);
+      EXPECT_GT(worst, 0.0) << "a bound no row comes near cannot fail";
+    }
+  }
+  rope::detail::products_hardware_allowed() = true;
 }
 
 // Threads 1, 2, 3, a pool's executor and one that runs the shares in

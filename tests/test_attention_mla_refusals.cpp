@@ -316,6 +316,26 @@ TEST(MlaRefusals, Attend) {
   for_each_element([](auto e) { expect_refusals(Fn::attend, attend_entries<decltype(e)>()); });
 }
 
+// The product modes a latent cache takes: Products::bf16 over a bf16 one
+// (test_attention_mla.cpp holds its bound); int8 products over any, and
+// bf16 products over another type, refused by name, nothing written.
+TEST(MlaRefusals, ProductModesTheCacheHasNot) {
+  for_each_element([](auto e) {
+    using E = decltype(e);
+    SCOPED_TRACE(element_name<E>());
+    const std::string int8 =
+        refused<E>(Fn::attend, [](Args<E>& a, World<E>&) { a.shape.products = rope::Products::int8; });
+    EXPECT_EQ(int8.rfind("rope::attention::attend: shape.products must be ", 0), 0u) << int8;
+    EXPECT_NE(int8.find("got Products::int8"), std::string::npos) << int8;
+    if constexpr (!std::is_same<E, rope::BFloat16>::value) {
+      const std::string bf16 =
+          refused<E>(Fn::attend, [](Args<E>& a, World<E>&) { a.shape.products = rope::Products::bf16; });
+      EXPECT_EQ(bf16.rfind("rope::attention::attend: shape.products must be ", 0), 0u) << bf16;
+      EXPECT_NE(bf16.find(ra::detail::kv_type_name<E>()), std::string::npos) << bf16;
+    }
+  });
+}
+
 // An lse that lies in an int8 cache's scales would have its log-sum-exps
 // written over them, which every later read of those rows dequantizes
 // with: refused as GQA attend refuses it. (It was taken until attend

@@ -12,6 +12,11 @@
 //     its own, each sum flushed to zero below 2^-126);
 //   - tile_values: acc[r][c] += sum_j w_rj v_jc, within gamma_(n+1) (sum_j
 //     |w_rj v_jc| + |acc_rc|) + (n + 1) 2^-126;
+//   - pack_query_row (attention/cascade_tiles.hpp, AVX-512BW, no tiles
+//     needed): a query row into its column of the pairs tile_scores reads,
+//     each value the bf16 mode's q (bf16_query) bit for bit: ties, NaNs,
+//     infinities, subnormals flushed, a subnormal that rounds up to the
+//     smallest normal kept;
 // over every pair of 16-row tiles the kernels step through (keys 32 and
 // 64, rows 32 and 64, channels 32 to 160).
 #include <gtest/gtest.h>
@@ -24,6 +29,7 @@
 #include <random>
 #include <vector>
 
+#include <rope/attention/cascade_tiles.hpp>
 #include <rope/half.hpp>
 #include <rope/kernels/level_tiles.hpp>
 
@@ -170,6 +176,32 @@ TEST(LevelTiles, ValuesAddTheWeightedRowsOntoTheSums) {
                 << "n " << n << " rows " << rows << " da " << da << ": row " << r << " channel " << c;
           }
         }
+      }
+    }
+  }
+}
+
+TEST(LevelTiles, QueryRowsPackAsTheBf16ModeRoundsThem) {
+  const std::uint32_t specials[] = {0x3f808000u, 0x3f818000u, 0x7fc00000u, 0x7f800001u, 0xff800000u, 0x7f800000u,
+                                    0x00000001u, 0x807fffffu, 0x007fffffu, 0x007f8000u, 0x7f7fffffu, 0x80000000u,
+                                    0x00800000u, 0xbf7fffffu, 0x3f7f8000u, 0x7f7f8000u};
+  std::mt19937 gen(9);
+  std::uniform_int_distribution<std::uint32_t> bits;
+  for (const std::size_t d : {8, 40, 80, 128, 576}) {
+    const std::size_t rows = 32, r = 5, dk = (d + 31) / 32 * 32;
+    std::vector<float> wide(d);
+    for (std::size_t c = 0; c < d; ++c) {
+      wide[c] = c < 16 ? rope::detail::bits_float(specials[c]) : rope::detail::bits_float(bits(gen));
+    }
+    std::vector<std::uint16_t> want(dk + 32), head(dk * rows, 0), row(dk + 32);
+    rope::detail::bf16_query(wide.data(), d, want.data());
+    rope::attention::detail::pack_query_row<xsimd::default_arch>(wide.data(), d, r, rows, head.data(), row.data());
+    for (std::size_t c = 0; c < d; ++c) {
+      ASSERT_EQ(head[(c / 2) * rows * 2 + r * 2 + c % 2], want[c]) << "d " << d << ", channel " << c;
+    }
+    for (std::size_t i = 0; i < head.size(); ++i) {  // nothing outside column r
+      if ((i / 2) % rows != r) {
+        ASSERT_EQ(head[i], 0) << "d " << d << ", word " << i;
       }
     }
   }

@@ -240,7 +240,17 @@ class AttendRun {
         }
       };
       if (end > first) {
-        attend_block_tiles<Q, Arch>(tokens, it.tokens, lo, hi, first, end - first, q_, keys, s, done);
+        const std::size_t Hk = p_.kv_heads, d = p_.d, R = it.tokens * G;
+        const auto pack = [&](std::uint16_t* qv, std::size_t rows, float* wide, std::uint16_t* words) noexcept {
+          const std::size_t dk = rope::detail::tile_span(d);
+          for (std::size_t g = 0; g < Hk; ++g) {
+            for (std::size_t r = 0; r < R; ++r) {
+              widen_row(q_.row(tokens[r / G], g * G + r % G), d, wide);
+              pack_query_row<Arch>(wide, d, r, rows, qv + g * dk * rows, words);
+            }
+          }
+        };
+        attend_block_tiles<Arch>(it.tokens, lo, hi, first, end - first, pack, keys, s, done);
       } else {
         const float none = -std::numeric_limits<float>::infinity(), zero = 0.0f;
         for (std::size_t k = 0; k < it.tokens; ++k) {
@@ -328,14 +338,6 @@ inline void tile_blocks(const Plan& plan, std::vector<WorkItem>& blocks, std::ve
                         std::min(per, t0 + n - t)});
     }
   }
-}
-
-template <class E>
-const char* kv_type_name() noexcept {
-  if (std::is_same<E, float>::value) return "a float cache";
-  if (std::is_same<E, BFloat16>::value) return "a bf16 cache";
-  if (std::is_same<E, Float16>::value) return "an f16 cache";
-  return "an int8 cache";
 }
 
 // A product mode the cache's type has (rope/products.hpp).

@@ -136,6 +136,17 @@ struct LatentCache {
 
 namespace detail {
 
+// A cache type as an error message names it.
+template <class E>
+const char* kv_type_name() noexcept {
+  if (std::is_same<E, float>::value) return "a float cache";
+  if (std::is_same<E, BFloat16>::value) return "a bf16 cache";
+  if (std::is_same<E, Float16>::value) return "an f16 cache";
+  if (std::is_same<E, Float8E4M3>::value) return "an fp8 (e4m3) cache";
+  if (std::is_same<E, Float8E5M2>::value) return "an fp8 (e5m2) cache";
+  return "an int8 cache";
+}
+
 using rope::detail::fail;
 using rope::detail::field;
 using rope::detail::indexed;

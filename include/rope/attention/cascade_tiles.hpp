@@ -49,6 +49,34 @@ constexpr std::size_t kTileBlockKeys = 128;
 
 #if defined(__x86_64__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__GNUC__)
 
+// One query row of d floats into column r of a head's words (rows
+// columns), in the pairs tile_scores reads: channel pair i at dword
+// i * rows + r, rounded as the bf16 mode rounds q (bf16_query). row: dk
+// words of room.
+template <class Arch>
+void pack_query_row(const float* wide, std::size_t d, std::size_t r, std::size_t rows, std::uint16_t* head,
+                    std::uint16_t* row) noexcept {
+  const __m256i apart =
+      _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(rows)));
+  std::size_t c = 0;
+  for (; c + 16 <= d; c += 16) {  // bf16_query's steps, 16 channels at a time
+    const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(wide + c));
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i b = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+    const __mmask16 nan =
+        _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    b = _mm512_mask_or_epi32(b, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    const __mmask16 tiny = _mm512_testn_epi32_mask(b, _mm512_set1_epi32(0x7f80));
+    b = _mm512_mask_and_epi32(b, tiny, b, _mm512_set1_epi32(0x8000));
+    const __m256i words = _mm512_cvtepi32_epi16(b);  // 16 words: 8 channel pairs
+    _mm256_i32scatter_epi32(reinterpret_cast<int*>(head) + (c / 2) * rows + r, apart, words, 4);
+  }
+  if (c < d) {
+    rope::detail::bf16_query(wide + c, d - c, row);
+    for (std::size_t x = 0; x < d - c; ++x) head[((c + x) / 2) * rows * 2 + r * 2 + (c + x) % 2] = row[x];
+  }
+}
+
 // q of every member's rows, head by head, in the pairs tile_scores reads:
 // qv + g * dk * rows, rows padded with zeros. row: dk words.
 template <class Q, class Arch>
@@ -56,31 +84,10 @@ void tile_queries(const View<const Q>& q, const std::size_t* members, std::size_
                   std::size_t d, std::size_t rows, float* wide, std::uint16_t* row, std::uint16_t* qv) noexcept {
   const std::size_t dk = rope::detail::tile_span(d);
   std::fill_n(qv, Hk * dk * rows, std::uint16_t{0});
-  // Channel pair i of row r is dword i * rows + r of a head's words.
-  const __m256i apart =
-      _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(rows)));
   for (std::size_t g = 0; g < Hk; ++g) {
-    std::uint16_t* head = qv + g * dk * rows;
     for (std::size_t r = 0; r < R; ++r) {
       widen_row(q.row(members[r / G], g * G + r % G), d, wide);
-      std::size_t c = 0;
-      for (; c + 16 <= d; c += 16) {  // bf16_query's steps, 16 channels at a time
-        const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(wide + c));
-        const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-        __m512i b = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
-        const __mmask16 nan =
-            _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-        b = _mm512_mask_or_epi32(b, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-        const __mmask16 tiny = _mm512_testn_epi32_mask(b, _mm512_set1_epi32(0x7f80));
-        b = _mm512_mask_and_epi32(b, tiny, b, _mm512_set1_epi32(0x8000));
-        const __m256i words = _mm512_cvtepi32_epi16(b);  // 16 words: 8 channel pairs
-        auto* dwords = reinterpret_cast<int*>(head) + (c / 2) * rows + r;
-        _mm256_i32scatter_epi32(dwords, apart, words, 4);
-      }
-      if (c < d) {
-        rope::detail::bf16_query(wide + c, d - c, row);
-        for (std::size_t x = 0; x < d - c; ++x) head[((c + x) / 2) * rows * 2 + r * 2 + (c + x) % 2] = row[x];
-      }
+      pack_query_row<Arch>(wide, d, r, rows, qv + g * dk * rows, row);
     }
   }
 }
@@ -213,20 +220,19 @@ std::size_t block_operands(const KvKeys<BFloat16>& base, std::size_t g, std::siz
   return left_out;
 }
 
-// The rows of a prompt's tokens on tiles: tokens[0 .. T) of one sequence
-// (their query rows, head by head, as a level's members'), over its keys
-// [first, first + count), token i seeing keys [lo[i], hi[i]) of them (the
-// mask). Head by head, in blocks of kTileBlockKeys keys: the level's steps,
-// each row's keys past its range -inf (after the cap) and weight 0. A
-// value row some row of the block does not see and that is not finite is
-// left out of the tile and added, as the tile would add it, to the rows
-// that see it only: a NaN never reaches a token that does not see it.
-// After each key/value head g: done(g, acc, m, l), its rows' sums (row
-// i * G + r for token i's query head g * G + r; acc rows da floats apart).
-template <class Q, class Arch, class Done>
-void attend_block_tiles(const std::size_t* tokens, std::size_t T, const std::size_t* lo, const std::size_t* hi,
-                        std::size_t first, std::size_t count, const View<const Q>& q, const KvKeys<BFloat16>& base,
-                        LevelScratch& s, Done&& done) {
+// The rows of T tokens of one sequence on tiles (a prompt's, or MLA's
+// with one key/value head), over its keys [first, first + count), token i
+// seeing keys [lo[i], hi[i]) of them (the mask); pack(qv, rows, wide, row)
+// writes their query rows in the pairs tile_scores reads, row i * G + r of
+// head g for token i's query head g * G + r, into words already zero
+// (tile_queries; wide: d floats, row: dk words of room). Head by head, in blocks of kTileBlockKeys keys: the level's
+// steps, each row's keys past its range -inf (after the cap) and weight 0. A value row some row of the block does not
+// see and that is not finite is left out of the tile and added, as the tile would add it, to the rows that see it only:
+// a NaN never reaches a token that does not see it. After each key/value head g: done(g, acc, m, l), its rows' sums
+// (row i * G + r for token i's query head g * G + r; acc rows da floats apart).
+template <class Arch, class Pack, class Done>
+void attend_block_tiles(std::size_t T, const std::size_t* lo, const std::size_t* hi, std::size_t first,
+                        std::size_t count, Pack&& pack, const KvKeys<BFloat16>& base, LevelScratch& s, Done&& done) {
   const std::size_t Hk = base.kv_heads, G = base.q_heads / Hk, R = T * G, d = base.d, dv = base.dv;
   const std::size_t ps = base.page_size, rows = rope::detail::tile_span(R), dk = rope::detail::tile_span(d),
                     da = rope::detail::tile_span(dv);
@@ -237,7 +243,8 @@ void attend_block_tiles(const std::size_t* tokens, std::size_t T, const std::siz
   std::uint16_t* qv = s.tile_words(Hk * dk * rows + kw * dk + kw * da + rows * kw + dk + da);
   std::uint16_t *keys = qv + Hk * dk * rows, *vv = keys + kw * dk, *wt = vv + kw * da, *row = wt + rows * kw;
   std::uint16_t* zeros = row + dk;
-  tile_queries<Q, Arch>(q, tokens, R, G, Hk, d, rows, wide, row, qv);
+  std::fill_n(qv, Hk * dk * rows, std::uint16_t{0});
+  pack(qv, rows, wide, row);
   s.tile_level() = static_cast<std::size_t>(-1);  // the words hold this block's rows, no level's
   std::fill_n(zeros, da, std::uint16_t{0});
   std::fill_n(scales, kw, base.scale);
@@ -290,10 +297,12 @@ void attend_block_tiles(const std::size_t* tokens, std::size_t T, const std::siz
 template <class Q, class Arch>
 void attend_level_tiles(const LevelItem& item, std::size_t M, const std::size_t* members, const View<const Q>& q,
                         const KvKeys<BFloat16>& base, LevelScratch& s, float* partials) noexcept;
-template <class Q, class Arch, class Done>
-void attend_block_tiles(const std::size_t* tokens, std::size_t T, const std::size_t* lo, const std::size_t* hi,
-                        std::size_t first, std::size_t count, const View<const Q>& q, const KvKeys<BFloat16>& base,
-                        LevelScratch& s, Done&& done);
+template <class Arch, class Pack, class Done>
+void attend_block_tiles(std::size_t T, const std::size_t* lo, const std::size_t* hi, std::size_t first,
+                        std::size_t count, Pack&& pack, const KvKeys<BFloat16>& base, LevelScratch& s, Done&& done);
+template <class Arch>
+void pack_query_row(const float* wide, std::size_t d, std::size_t r, std::size_t rows, std::uint16_t* head,
+                    std::uint16_t* row) noexcept;
 
 #endif
 

@@ -40,6 +40,7 @@
 #include "../kernels/scores.hpp"
 #include "../tensor/view_checks.hpp"
 #include "cache.hpp"
+#include "cascade_tiles.hpp"
 #include "logits.hpp"
 #include "masks.hpp"
 #include "mla_append.hpp"
@@ -61,6 +62,7 @@ struct MlaParams {
   std::size_t heads = 0, latent = 0, rope = 0;
   LogitParams<float> logits;
   Mask mask;
+  bool bf16 = false;  // Products::bf16: q and the weights rounded to bf16 (on tiles where they run)
 };
 
 // The work of an MLA call: decode tokens (and sparse tokens) as the plan
@@ -101,6 +103,7 @@ struct MlaScratch {
   Matrix<float> q, keys, scores, acc;
   std::vector<float> m, l, row;
   std::vector<unsigned char> finite;  // per key row of the block: its latent part finite
+  LevelScratch tiles;                 // the bf16 mode's tiles (cascade_tiles.hpp)
 };
 
 template <class QL, class QP, class E, class O, class Arch>
@@ -116,7 +119,11 @@ class MlaRun {
         lse_(lse),
         p_(p),
         work_(work),
-        partials_(partials) {}
+        partials_(partials) {
+    if constexpr (std::is_same<E, BFloat16>::value && rope::detail::kTilesArch<Arch>) {
+      tiles_ = p.bf16 && level_tiles_run<Arch>();
+    }
+  }
 
   // Item i's keys: [first, first + count) of its positions (dense: cut to
   // what its tokens see together; sparse: its list, checked already).
@@ -144,7 +151,9 @@ class MlaRun {
     s.m.assign(rows, -std::numeric_limits<float>::infinity());
     s.l.assign(rows, 0.0f);
     s.acc.setZero(static_cast<Eigen::Index>(rows), static_cast<Eigen::Index>(p_.latent));
-    if (count > 0) {
+    if (count > 0 && tiles_ && it.key_list == nullptr) {
+      item_tiles(it, first, count, s);
+    } else if (count > 0) {
       load_queries(it, s);
       for (std::size_t c = first; c < first + count; c += kMlaChunk)
         block(it, c, std::min(kMlaChunk, first + count - c), s);
@@ -185,7 +194,55 @@ class MlaRun {
   }
 
  private:
-  // The item's query rows [q_lat | q_pe], widened and scaled once.
+  // The item's keys [first, first + count) on AMX tiles in the bf16 mode
+  // (attend_block_tiles, one key/value head: every query head's rows read
+  // each cache row once, the values its latent part): the state in s.acc,
+  // s.m, s.l as block() leaves it.
+  void item_tiles(const WorkItem& it, std::size_t first, std::size_t count, MlaScratch& s) const {
+    if constexpr (std::is_same<E, BFloat16>::value && rope::detail::kTilesArch<Arch>) {
+      const std::size_t H = p_.heads, L = p_.latent, width = L + p_.rope, R = it.tokens * H;
+      std::size_t lo[kMlaRows] = {}, hi[kMlaRows] = {};
+      for (std::size_t k = 0; k < it.tokens; ++k) {
+        visible_keys(plan_.position(it.token + k), PlanAccess::lengths(plan_)[it.sequence], p_.mask, lo + k, hi + k);
+        lo[k] = std::clamp(lo[k], first, first + count);
+        hi[k] = std::clamp(hi[k], lo[k], first + count);
+      }
+      KvKeys<BFloat16> keys;
+      keys.k = keys.v = cache_.data;
+      keys.pages = PlanAccess::pages_of(plan_, it.sequence);
+      keys.page_size = cache_.page_size;
+      keys.k_page_stride = keys.v_page_stride = cache_.page_stride;
+      keys.k_token_stride = keys.v_token_stride = cache_.token_stride;
+      keys.q_heads = H;
+      keys.kv_heads = 1;
+      keys.d = width;
+      keys.dv = L;
+      keys.scale = p_.logits.scale;
+      keys.softcap = p_.logits.softcap;
+      const auto pack = [&](std::uint16_t* qv, std::size_t rows, float* wide, std::uint16_t* words) noexcept {
+        for (std::size_t r = 0; r < R; ++r) {
+          const std::size_t t = it.token + r / H, h = r % H;
+          widen_row(q_lat_.row(t, h), L, wide);
+          widen_row(q_pe_.row(t, h), p_.rope, wide + L);
+          pack_query_row<Arch>(wide, width, r, rows, qv, words);
+        }
+      };
+      const auto done = [&](std::size_t, const float* acc, const float* m, const float* l) noexcept {
+        const std::size_t da = rope::detail::tile_span(L);
+        for (std::size_t r = 0; r < R; ++r) {
+          std::copy_n(acc + r * da, L, s.acc.row(static_cast<Eigen::Index>(r)).data());
+          s.m[r] = m[r];
+          s.l[r] = l[r];
+        }
+      };
+      attend_block_tiles<Arch>(it.tokens, lo, hi, first, count, pack, keys, s.tiles, done);
+    } else {
+      (void)it, (void)first, (void)count, (void)s;
+    }
+  }
+
+  // The item's query rows [q_lat | q_pe], widened (in the bf16 mode
+  // rounded to bf16 as its q is) and scaled once.
   void load_queries(const WorkItem& it, MlaScratch& s) const {
     const std::size_t width = p_.latent + p_.rope, rows = it.tokens * p_.heads;
     s.q.resize(static_cast<Eigen::Index>(rows), static_cast<Eigen::Index>(width));
@@ -194,6 +251,9 @@ class MlaRun {
       const std::size_t t = it.token + r / p_.heads, h = r % p_.heads;
       widen_row(q_lat_.row(t, h), p_.latent, row);
       widen_row(q_pe_.row(t, h), p_.rope, row + p_.latent);
+      if (p_.bf16) {
+        for (std::size_t x = 0; x < width; ++x) row[x] = bf16_mode_value(row[x]);
+      }
     }
     s.q *= p_.logits.scale;
   }
@@ -244,6 +304,9 @@ class MlaRun {
       const float carried = rope::detail::carry(s.m[ri], m_new);
       const float shift = m_new == -std::numeric_limits<float>::infinity() ? 0.0f : m_new;
       const float sum = softmax_weights_row<Arch>(sr, sr, n, shift, false);
+      if (p_.bf16) {  // the weights rounded as the tiles round them, the sum not
+        for (std::size_t j = 0; j < n; ++j) sr[j] = bf16_mode_value(sr[j]);
+      }
       s.l[ri] = s.l[ri] * carried + sum;
       if (carried != 1.0f) s.acc.row(r) *= carried;
       if (m_new != -std::numeric_limits<float>::infinity()) s.m[ri] = m_new;
@@ -306,6 +369,7 @@ class MlaRun {
   const MlaParams& p_;
   const WorkLayout& work_;
   float* partials_;
+  bool tiles_ = false;  // the bf16 mode on AMX tiles
 };
 
 }  // namespace detail
@@ -352,9 +416,12 @@ void attend(const Plan& plan, const LatentCache<E>& cache, const View<LV>& q_lat
   if (!logits.scale) {
     detail::fail(fn, "logits.scale", "set for MLA: the model's softmax scale (rope::hf::ModelRope::mla)", "empty");
   }
-  if (plan.shape().products != Products::exact) {
-    detail::fail(fn, "shape.products", "Products::exact for a latent cache (MLA's products are float GEMMs)",
-                 plan.shape().products == Products::bf16 ? "Products::bf16" : "Products::int8");
+  const Products mode = plan.shape().products;
+  if (mode == Products::int8 || (mode == Products::bf16 && !std::is_same<E, BFloat16>::value)) {
+    detail::fail(
+        fn, "shape.products",
+        "Products::exact, or Products::bf16 with a bf16 latent cache (its rows are the products' bf16 factors)",
+        mode == Products::bf16 ? detail::kv_type_name<E>() : "Products::int8");
   }
   detail::MlaParams p;
   p.heads = heads;
@@ -362,6 +429,7 @@ void attend(const Plan& plan, const LatentCache<E>& cache, const View<LV>& q_lat
   p.rope = cache.rope_dim;
   p.logits = detail::check_logits<float>(fn, "logits", logits, heads, cache.width());
   p.mask = mask;
+  p.bf16 = mode == Products::bf16;
   detail::check_tree_mask(fn, plan, mask);
   detail::PlanScratch& ws = detail::PlanAccess::scratch(plan);
   if (mask.indices != nullptr) {
