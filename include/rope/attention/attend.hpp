@@ -242,13 +242,7 @@ class AttendRun {
       if (end > first) {
         const std::size_t Hk = p_.kv_heads, d = p_.d, R = it.tokens * G;
         const auto pack = [&](std::uint16_t* qv, std::size_t rows, float* wide, std::uint16_t* words) noexcept {
-          const std::size_t dk = rope::detail::tile_span(d);
-          for (std::size_t g = 0; g < Hk; ++g) {
-            for (std::size_t r = 0; r < R; ++r) {
-              widen_row(q_.row(tokens[r / G], g * G + r % G), d, wide);
-              pack_query_row<Arch>(wide, d, r, rows, qv + g * dk * rows, words);
-            }
-          }
+          tile_queries<Q, Arch>(q_, tokens, R, G, Hk, d, rows, wide, words, qv);
         };
         attend_block_tiles<Arch>(it.tokens, lo, hi, first, end - first, pack, keys, s, done);
       } else {

@@ -77,13 +77,14 @@ void pack_query_row(const float* wide, std::size_t d, std::size_t r, std::size_t
   }
 }
 
-// q of every member's rows, head by head, in the pairs tile_scores reads:
-// qv + g * dk * rows, rows padded with zeros. row: dk words.
+// q of every member's rows (a level's members, or a block's tokens), head
+// by head, in the pairs tile_scores reads: qv + g * dk * rows, over words
+// the caller has zeroed (the padding rows and channels stay so). row: dk
+// words.
 template <class Q, class Arch>
 void tile_queries(const View<const Q>& q, const std::size_t* members, std::size_t R, std::size_t G, std::size_t Hk,
                   std::size_t d, std::size_t rows, float* wide, std::uint16_t* row, std::uint16_t* qv) noexcept {
   const std::size_t dk = rope::detail::tile_span(d);
-  std::fill_n(qv, Hk * dk * rows, std::uint16_t{0});
   for (std::size_t g = 0; g < Hk; ++g) {
     for (std::size_t r = 0; r < R; ++r) {
       widen_row(q.row(members[r / G], g * G + r % G), d, wide);
@@ -106,7 +107,10 @@ void attend_level_tiles(const LevelItem& item, std::size_t M, const std::size_t*
   std::uint16_t* qv = s.tile_words(Hk * dk * rows + kw * dk + kw * da + rows * kw + dk + da);
   std::uint16_t *keys = qv + Hk * dk * rows, *vv = keys + kw * dk, *wt = vv + kw * da, *row = wt + rows * kw;
   std::uint16_t* zeros = row + dk;
-  if (s.tile_level() != item.level) tile_queries<Q, Arch>(q, members, R, G, Hk, d, rows, wide, row, qv);
+  if (s.tile_level() != item.level) {
+    std::fill_n(qv, Hk * dk * rows, std::uint16_t{0});
+    tile_queries<Q, Arch>(q, members, R, G, Hk, d, rows, wide, row, qv);
+  }
   s.tile_level() = item.level;
   std::fill_n(zeros, da, std::uint16_t{0});
   std::fill_n(acc, Hk * rows * da, 0.0f);
@@ -303,6 +307,9 @@ void attend_block_tiles(std::size_t T, const std::size_t* lo, const std::size_t*
 template <class Arch>
 void pack_query_row(const float* wide, std::size_t d, std::size_t r, std::size_t rows, std::uint16_t* head,
                     std::uint16_t* row) noexcept;
+template <class Q, class Arch>
+void tile_queries(const View<const Q>& q, const std::size_t* members, std::size_t R, std::size_t G, std::size_t Hk,
+                  std::size_t d, std::size_t rows, float* wide, std::uint16_t* row, std::uint16_t* qv) noexcept;
 
 #endif
 
