@@ -1630,7 +1630,7 @@ void fuzz_attend(Bytes& in) {
     case 0: attend_any<float>(in); break;
     case 1: attend_any<rope::BFloat16>(in); break;
     case 2: attend_any<rope::Float16>(in); break;
-    default: attend_any<std::int8_t>(in); break;
+    default: any_scaled_byte(in, [&](auto e) { attend_any<decltype(e)>(in); }); break;
   }
 }
 
@@ -1639,7 +1639,7 @@ void fuzz_append_kv(Bytes& in) {
     case 0: append_any<float>(in, false); break;
     case 1: append_any<rope::BFloat16>(in, false); break;
     case 2: append_any<rope::Float16>(in, false); break;
-    default: append_any<std::int8_t>(in, false); break;
+    default: any_scaled_byte(in, [&](auto e) { append_any<decltype(e)>(in, false); }); break;
   }
 }
 
@@ -1648,7 +1648,7 @@ void fuzz_append(Bytes& in) {
     case 0: append_any<float>(in, true); break;
     case 1: append_any<rope::BFloat16>(in, true); break;
     case 2: append_any<rope::Float16>(in, true); break;
-    default: append_any<std::int8_t>(in, true); break;
+    default: any_scaled_byte(in, [&](auto e) { append_any<decltype(e)>(in, true); }); break;
   }
 }
 

@@ -181,16 +181,61 @@ LD output_rounding(LD x) {
   }
 }
 
-// |got - want| within one rounding of a value of type E (int8: of its
-// vector's scale), want the long-double value, top the largest |want| of its
-// row.
+template <class E>
+constexpr bool is_fp8() {
+  return std::is_same<E, rope::Float8E4M3>::value || std::is_same<E, rope::Float8E5M2>::value;
+}
+
+// One of the scaled byte cache types drawn, int8 or either fp8 format:
+// run(E{}) for it.
+template <class Run>
+void any_scaled_byte(Bytes& in, Run run) {
+  switch (in.u8() % 4) {
+    case 0: run(rope::Float8E4M3{}); break;
+    case 1: run(rope::Float8E5M2{}); break;
+    default: run(std::int8_t{}); break;
+  }
+}
+
+// The code a scaled byte type gives a row's largest value: int8's 127,
+// fp8's largest finite value (docs/attention.md, "fp8 pools").
+template <class E>
+LD code_max() {
+  if constexpr (is_fp8<E>()) {
+    return LD(E::max());
+  } else {
+    return 127;
+  }
+}
+
+// One fp8 encode of a value of magnitude ax from a row whose largest is top
+// (docs/attention.md, "Accuracy of a 16-bit, int8 or fp8 cache"):
+// (u + 2^-24 (1 + u)) ax + s h, the scale s = top / max (taken a float
+// step up where it must be), u = 2^-4 and h = 2^-10 for E4M3, 2^-3 and
+// 2^-17 for E5M2.
+template <class E>
+LD fp8_rounding(LD ax, LD top) {
+  constexpr bool e4m3 = std::is_same<E, rope::Float8E4M3>::value;
+  const LD u = std::ldexp(1.0L, e4m3 ? -4 : -3), h = std::ldexp(1.0L, e4m3 ? -10 : -17);
+  return (u + std::ldexp(1.0L, -24) * (1 + u)) * ax + top / code_max<E>() * (1 + 1e-6L) * h;
+}
+
+// |got - want| within one rounding of a value of type E (int8 and fp8: of
+// their vector's scale), want the long-double value, top the largest |want|
+// of its row.
 template <class E>
 bool within_one_rounding(LD got, LD want, LD top) {
   const LD slack = 1e-6L * (1 + top), ax = std::fabs(want);
-  const LD bound = std::is_same<E, float>::value            ? slack
-                   : std::is_same<E, rope::BFloat16>::value ? ax / 256 + slack
-                   : std::is_same<E, rope::Float16>::value  ? ax / 1024 + std::ldexp(1.0L, -24) + slack
-                                                            : top / 254 * (1 + 1e-5L) + slack;
+  LD bound = slack;
+  if constexpr (std::is_same<E, rope::BFloat16>::value) {
+    bound += ax / 256;
+  } else if constexpr (std::is_same<E, rope::Float16>::value) {
+    bound += ax / 1024 + std::ldexp(1.0L, -24);
+  } else if constexpr (std::is_same<E, std::int8_t>::value) {
+    bound += top / 254 * (1 + 1e-5L);
+  } else if constexpr (is_fp8<E>()) {
+    bound += fp8_rounding<E>(ax + slack, top + slack);
+  }
   return std::fabs(got - want) <= bound;
 }
 
@@ -538,7 +583,8 @@ void check_written(const PoolData<E>& now, const PoolBefore<E>& was, const std::
       } else {
         const LD top = top_of(x);
         if (scaled) {
-          ROPE_FUZZ_CHECK(std::fabs(LD(*pool.scale(s, h)) - top / 127) <= 1e-6L * (1 + top), at + ": the scale");
+          ROPE_FUZZ_CHECK(std::fabs(LD(*pool.scale(s, h)) - top / code_max<E>()) <= 1e-6L * (1 + top),
+                          at + ": the scale");
         }
         for (std::size_t c = 0; c < pool.head_dim; ++c) {
           const LD got = stored(pool, s, h, c);

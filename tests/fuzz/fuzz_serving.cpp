@@ -1,9 +1,9 @@
 // The fuzz target's decoders of the serving path past plain attend: MLA
 // over a latent cache (the MLA append and the absorbed attend, dense,
-// sparse and over trees), attend over paged caches with sparse lists
-// (Mask::indices), tree verify (Batch::tree_depths, tree_masks) and the
-// product modes (Shape::products), and shift (cached keys rotated again by
-// a position delta).
+// sparse and over trees), attend over paged caches of every type (fp8
+// too) with sparse lists (Mask::indices), tree verify (Batch::tree_depths,
+// tree_masks) and the product modes (Shape::products), and shift (cached
+// keys rotated again by a position delta).
 //
 // Held as the other attention decoders (fuzz_attention.cpp): a decoded call
 // is valid or breaks some of its arguments, its validity judged here from
@@ -28,6 +28,8 @@
 #include "fuzz_support.hpp"
 
 #if defined(ROPE_FUZZ_ATTENTION)
+#include <rope/attention/cascade_tiles.hpp>  // level_tiles_run, which a compiled attention library does not bring
+
 #include "fuzz_attention.hpp"
 
 namespace rope_fuzz {
@@ -327,11 +329,23 @@ void lists_typed(Bytes& in) {
     ROPE_FUZZ_CHECK(same_bytes(out, out1), where + ": not the same bytes with one thread");
     if (with_lse) ROPE_FUZZ_CHECK(same_bytes(lse, lse1), where + ": not the same lse with one thread");
   }
-  // The tokens of a cascade level (their rows took the level's arithmetic),
-  // where the plan found levels.
+  // The tokens whose rows took a cascade level's arithmetic, where the plan
+  // found levels, and in the bf16 mode over a dense mask where the tiles
+  // run, every token of a sequence of two or more new tokens that is not a
+  // tree: a prompt's blocks take the levels' arithmetic (attend.hpp,
+  // tile_blocks).
   std::vector<bool> in_level(tokens, false);
   if (const ra::detail::WorkLayout* levels = ra::detail::PlanAccess::cascade(plan)) {
     for (const std::size_t token : levels->cascade.members) in_level[token] = true;
+  }
+  if (products == rope::Products::bf16 && mask.indices == nullptr &&
+      ra::detail::level_tiles_run<xsimd::default_arch>()) {
+    const std::int64_t* starts = ra::detail::PlanAccess::q_starts(plan);
+    for (std::size_t s = 0; s < b.sequences; ++s) {
+      if (starts[s + 1] - starts[s] < 2 || ra::detail::PlanAccess::tree(plan, s)) continue;
+      for (auto t = static_cast<std::size_t>(starts[s]); t < static_cast<std::size_t>(starts[s + 1]); ++t)
+        in_level[t] = true;
+    }
   }
   // The oracle: each row over exactly the keys its token sees.
   const LogitsIn<float> li(logits.logits, hq, d);
@@ -402,8 +416,9 @@ bool same_cache(const LatentData<E>& p, const std::vector<E>& data, const std::v
 }
 
 // After the MLA append: each new token's row in its slot, each part within
-// one rounding into E of the oracle's (int8: of its own scale, the scale
-// max|x| / 127; a non-finite part: codes 0 and a NaN scale), and every
+// one rounding into E of the oracle's (int8 and fp8: of its own scale, the
+// scale max|x| / 127, or over fp8's largest code; a non-finite part: codes
+// 0 and a NaN scale), and every
 // other byte of the cache and its scales (other slots, the gaps) as it was.
 template <class E, class WantRow>
 void check_latent_written(const LatentData<E>& now, const std::vector<E>& was_data,
@@ -425,13 +440,15 @@ void check_latent_written(const LatentData<E>& now, const std::vector<E>& was_da
         if constexpr (scaled) {
           ROPE_FUZZ_CHECK(std::isnan(c.scale(slot)[part]), at + ": a non-finite part's scale is not NaN");
           for (std::size_t i = parts[part]; i < parts[part + 1]; ++i)
-            ROPE_FUZZ_CHECK(c.row(slot)[i] == 0, at + ": a non-finite part's codes are not 0");
+            ROPE_FUZZ_CHECK(rope::detail::widen_value(c.row(slot)[i]) == 0.0f,
+                            at + ": a non-finite part's codes are not 0");
         }
         continue;
       }
       const LD top = top_of(want);
       if constexpr (scaled) {
-        ROPE_FUZZ_CHECK(std::fabs(LD(c.scale(slot)[part]) - top / 127) <= 1e-6L * (1 + top), at + ": the scale");
+        ROPE_FUZZ_CHECK(std::fabs(LD(c.scale(slot)[part]) - top / code_max<E>()) <= 1e-6L * (1 + top),
+                        at + ": the scale");
       }
       for (std::size_t i = 0; i < want.size(); ++i) {
         const LD got = latent_value(c, slot, parts[part] + i);
@@ -467,17 +484,21 @@ const rope::PairAxes& some_axes() {
 // partial or invalid rotary_dim, a table without its pairing, positions
 // past the table, q_pe_out in place or not, threads or an executor) and
 // the absorbed attend on q_lat and the rotated q_pe (masks, sparse lists,
-// logits with and without the required scale, lse, a product mode:
-// refused). Broken views: rows of the wrong shape or over the cache (or
-// its scales), outputs over inputs, q_norm, write_back_k or pair_axes set,
-// weights of the wrong size, a cache unsound (scales, strides, rope_dim).
+// logits with and without the required scale, lse, a product mode: bf16
+// over a bf16 cache taken, the others refused). Broken views: rows of the
+// wrong shape or over the cache (or its scales), outputs over inputs,
+// q_norm, write_back_k or pair_axes set, weights of the wrong size, a cache
+// unsound (scales, strides, rope_dim).
 // A refused call throws, names its function and writes nothing; an
 // accepted append writes the planned slots (each part within one rounding
 // of the long-double rotation of the float RMSNorm) and q_pe_out, nothing
 // else; an accepted attend writes out's rows (and lse) only, each the
 // long-double attention over the stored rows (scores q_lat . c_kv + q_pe .
-// k_pe times scale; values the latent part) of the keys its token sees.
-// Both give the bytes of one thread.
+// k_pe times scale; values the latent part) of the keys its token sees,
+// within the bf16 mode's bound besides where the plan asks for it (the
+// levels' bound over the row's width: its products on tiles or summed by
+// the float GEMMs, its weights rounded to bf16). Both give the bytes of
+// one thread.
 template <class E, class In, class O>
 void mla_typed(Bytes& in) {
   constexpr bool scaled = rope::KvElement<E>::kScaled;
@@ -832,8 +853,10 @@ void mla_typed(Bytes& in) {
     default: break;
   }
   std::vector<std::vector<std::int64_t>> lists;
-  bool valid = planned && shape.fits && attend_ok && logits.valid && logits.logits.scale.has_value() &&
-               shape.shape.products == rope::Products::exact;
+  const rope::Products products = shape.shape.products;
+  const bool products_ok =
+      products == rope::Products::exact || (products == rope::Products::bf16 && std::is_same<E, rope::BFloat16>::value);
+  bool valid = planned && shape.fits && attend_ok && logits.valid && logits.logits.scale.has_value() && products_ok;
   if (planned && b.trees) valid = valid && mask.window == 0 && mask.indices == nullptr;
   if (planned && mask.indices != nullptr) valid = list_ok(list, b, mask, lists) && valid;
   const std::vector<E> data_before = lc.data;
@@ -892,23 +915,27 @@ void mla_typed(Bytes& in) {
       std::vector<Scored> keys;
       bool finite = finite_all(qr), nan_score = false;
       std::vector<bool> nan_value(latent, false);
+      const bool bf16 = products == rope::Products::bf16;
       for (const std::int64_t j : seen) {
         const std::size_t slot = b.slot(s, j, ps);
         Scored sc;
+        std::vector<LD> k(width);
         for (std::size_t x = 0; x < width; ++x) {
-          const LD k = latent_value(lc.cache, slot, x);
-          finite = finite && std::isfinite(k);
-          sc.dot += qr[x] * k;
-          sc.magnitude += std::fabs(qr[x]) * std::fabs(k);
+          k[x] = latent_value(lc.cache, slot, x);
+          finite = finite && std::isfinite(k[x]);
+          sc.dot += qr[x] * k[x];
+          sc.magnitude += std::fabs(qr[x]) * std::fabs(k[x]);
           if (x < latent) {
-            sc.v.push_back(k);
-            nan_value[x] = nan_value[x] || std::isnan(k);
+            sc.v.push_back(k[x]);
+            nan_value[x] = nan_value[x] || std::isnan(k[x]);
           }
         }
+        if (bf16 && finite) sc.extra = product_error(products, qr, k, li.scale, true);
         nan_score = nan_score || std::isnan(sc.dot);
         keys.push_back(std::move(sc));
       }
-      const Want w = softmax_want<float>(keys, width, latent, li, h, finite, nan_score, nan_value);
+      Want w = softmax_want<float>(keys, width, latent, li, h, finite, nan_score, nan_value);
+      if (bf16) w.tolerance += (std::ldexp(1.0L, -8) + LD(keys.size()) * std::ldexp(1.0L, -126)) * w.magnitude;
       check_row<O>(ov.row(t, h), lse_ptr != nullptr ? lse_ptr + t * heads + h : nullptr, w, latent, li.sinks[h],
                    where + ": attend token " + std::to_string(t) + " head " + std::to_string(h));
     }
@@ -918,13 +945,14 @@ void mla_typed(Bytes& in) {
 // ---------------------------------------------------------------------------
 // shift.
 
-// shift over a paged cache of E (NHD, HND or rows with gaps): a block-table
-// row of page_count ids (some outside the pool, some named twice, sometimes
-// null), a key range [first, first + count) inside the pool and the row or
-// past either, delta within the table or past it (the extremes of int64
-// too), a rotation of either pairing (a partial or invalid rotary_dim, a
-// table without its pairing, none), threads or an executor, and a pool
-// broken (scales, pages that overlap, pools of different page counts).
+// shift over a paged cache of E (any type; NHD, HND or rows with gaps): a
+// block-table row of page_count ids (some outside the pool, some named
+// twice, sometimes null), a key range [first, first + count) inside the
+// pool and the row or past either, delta within the table or past it (the
+// extremes of int64 too), a rotation of either pairing (a partial or
+// invalid rotary_dim, a table without its pairing, none), threads or an
+// executor, and a pool broken (scales, pages that overlap, pools of
+// different page counts).
 // Refused: the documented exception naming shift, nothing written.
 // Accepted: the values untouched, every key outside the range as it was,
 // the bytes of one thread, and each key in the range its stored value
@@ -933,8 +961,9 @@ void mla_typed(Bytes& in) {
 // |x_a c| + |x_b s| for the float rotation (4u for int8: its dequantization
 // besides), then one rounding into the type (bf16 2^-8, f16 2^-11 and
 // 2^-25 below its normal range, of the result; int8 half the row's new
-// scale and u of the result); the channels past rotary_dim unchanged
-// (int8: dequantized and quantized again).
+// scale and u of the result; fp8 the encode's 2^-4 or 2^-3 of it and half
+// a subnormal step of the new scale); the channels past rotary_dim
+// unchanged (int8 and fp8: dequantized and quantized again).
 template <class E>
 void shift_typed(Bytes& in) {
   constexpr bool scaled = rope::KvElement<E>::kScaled;
@@ -1112,9 +1141,10 @@ void shift_typed(Bytes& in) {
       }
       const LD new_scale = scaled ? LD(*kp.pool.scale(slot, h)) : 0;
       if (scaled) {
-        ROPE_FUZZ_CHECK(std::fabs(127 * new_scale - top) <= top_err + 4 * u * top + std::ldexp(1.0L, -100),
-                        at + ": the new scale " + std::to_string(double(new_scale)) +
-                            ", want max|y| / 127 = " + std::to_string(double(top / 127)));
+        ROPE_FUZZ_CHECK(std::fabs(code_max<E>() * new_scale - top) <= top_err + 4 * u * top + std::ldexp(1.0L, -100),
+                        at + ": the new scale " + std::to_string(double(new_scale)) + ", want max|y| / " +
+                            std::to_string(double(code_max<E>())) + " = " +
+                            std::to_string(double(top / code_max<E>())));
       }
       for (std::size_t c = 0; c < d; ++c) {
         const LD got = stored(kp.pool, slot, h, c);
@@ -1131,6 +1161,8 @@ void shift_typed(Bytes& in) {
           bound += (std::fabs(y[c]) + err[c]) / 2048 + std::ldexp(1.0L, -25);
         } else if constexpr (std::is_same<E, std::int8_t>::value) {
           bound += new_scale / 2 + u * (std::fabs(y[c]) + err[c]);
+        } else if constexpr (is_fp8<E>()) {
+          bound += fp8_rounding<E>(std::fabs(y[c]) + err[c], code_max<E>() * new_scale);
         }
         ROPE_FUZZ_CHECK(std::fabs(got - y[c]) <= bound,
                         at + " channel " + std::to_string(c) + ": got " + std::to_string(double(got)) + ", want " +
@@ -1167,7 +1199,15 @@ void fuzz_lists(Bytes& in) {
     case 4: lists_typed<float, rope::BFloat16, rope::Float16>(in); break;
     case 5: lists_typed<rope::BFloat16, rope::BFloat16, rope::Float16>(in); break;
     case 6: lists_typed<rope::Float16, rope::BFloat16, rope::Float16>(in); break;
-    default: lists_typed<std::int8_t, rope::BFloat16, rope::Float16>(in); break;
+    default:
+      // The scaled byte caches: int8 and the two fp8 formats.
+      switch (in.u8() % 4) {
+        case 0: lists_typed<rope::Float8E4M3, float, float>(in); break;
+        case 1: lists_typed<rope::Float8E5M2, rope::BFloat16, rope::Float16>(in); break;
+        case 2: lists_typed<rope::Float8E4M3, rope::BFloat16, float>(in); break;
+        default: lists_typed<std::int8_t, rope::BFloat16, rope::Float16>(in); break;
+      }
+      break;
   }
 }
 
@@ -1189,7 +1229,7 @@ void fuzz_mla(Bytes& in) {
     case 0: mla_any<float>(in); break;
     case 1: mla_any<rope::BFloat16>(in); break;
     case 2: mla_any<rope::Float16>(in); break;
-    default: mla_any<std::int8_t>(in); break;
+    default: any_scaled_byte(in, [&](auto e) { mla_any<decltype(e)>(in); }); break;
   }
 }
 
@@ -1198,7 +1238,7 @@ void fuzz_shift(Bytes& in) {
     case 0: shift_typed<float>(in); break;
     case 1: shift_typed<rope::BFloat16>(in); break;
     case 2: shift_typed<rope::Float16>(in); break;
-    default: shift_typed<std::int8_t>(in); break;
+    default: any_scaled_byte(in, [&](auto e) { shift_typed<decltype(e)>(in); }); break;
   }
 }
 
