@@ -715,6 +715,9 @@ TEST(AttentionAttend, QuantizedCachesAgreeWithTheF32CacheOfTheirValuesWithinTheO
                            Dims{6, 3, 64, 32, 8, {{1, 90}, {12, 12}, {3, 17}}}}) {
     for_each_element([&](auto e) {
       using E = decltype(e);
+      // d 128 on bf16 and int8 only where long double is software
+      // (kv_elements.hpp).
+      if (dims.d >= 128 && !rope_test::widest_case_runs<E>()) return;
       if constexpr (!std::is_same<E, float>::value) {
         double worst_score = 0, worst_row = 0;
         std::size_t differ = 0;

@@ -126,6 +126,10 @@ TEST(MlaAttend, MatchesTheUnabsorbedOracleForEveryCacheType) {
     const Model m(k.dims, k.seqs, k.page_size, 7, k.style);
     for_each_element([&](auto e) {
       using E = decltype(e);
+      // DeepSeek's latent width on f32, bf16 and int8 only where long
+      // double is software (kv_elements.hpp): f16's and fp8's decode runs
+      // in the narrower cases.
+      if (k.dims.latent >= 512 && !rope_test::widest_case_runs<E>()) return;
       Store<E> st(m.lay, m.d);
       const std::vector<float> q_pe = write(m, st);
       const Stored rows = stored(m, st);
