@@ -46,8 +46,7 @@ constexpr bool kSoftwareLongDouble = std::numeric_limits<long double>::digits > 
 // cases are cut (kSoftwareLongDouble).
 template <class E>
 constexpr bool widened_family() {
-  return std::is_same<E, float>::value || std::is_same<E, rope::BFloat16>::value ||
-         std::is_same<E, std::int8_t>::value;
+  return std::is_same<E, float>::value || std::is_same<E, rope::BFloat16>::value || std::is_same<E, std::int8_t>::value;
 }
 
 // Whether a test's widest case runs for E here.

@@ -524,8 +524,7 @@ Step one_prefix(std::size_t B, std::size_t shared) {
 // Whether the bf16 mode's instructions run here (AMX tiles or vdpbf16ps):
 // without them, turning them off runs the same path again.
 bool bf16_hardware_here() {
-  return ra::detail::level_tiles_run<xsimd::default_arch>() ||
-         rope::detail::avx512_bf16_runs<xsimd::default_arch>();
+  return ra::detail::level_tiles_run<xsimd::default_arch>() || rope::detail::avx512_bf16_runs<xsimd::default_arch>();
 }
 
 // One bf16-mode cascade step (or, cascade false, a plain step with a
