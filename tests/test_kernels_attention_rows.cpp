@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include <rope/attention/logits.hpp>
 #include <rope/kernels/dense_dot.hpp>
 #include <rope/kernels/rms_norm.hpp>
 #include <rope/kernels/scores.hpp>
@@ -147,6 +148,31 @@ void plain_rms_norm(const float* x, std::size_t n, const float* w, float eps, bo
   const float ss = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
   const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
   for (std::size_t c = 0; c < n; ++c) y[c] = (x[c] * r) * (plus_one ? 1.0f + w[c] : w[c]);
+}
+
+// finish_float_row (a softmax row's end in vectors) equals the scalar
+// finish_softmax_row bit for bit on every architecture: every length around
+// the vector widths, with and without a sink (one above the row's max, one
+// -inf), a row that saw no key, and its log-sum-exp.
+TYPED_TEST(AttentionRows, FinishedRowsAreTheScalarLoopBitForBit) {
+  using Arch = TypeParam;
+  if (!rope::detail::cpu_supports<Arch>()) GTEST_SKIP() << Arch::name() << " does not run on this CPU";
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const std::size_t n : kDims) {
+    const auto acc = rope_test::random_vector<float>(n, 31u + static_cast<unsigned>(n));
+    for (const float sink : {-inf, 0.25f, 9.0f}) {
+      for (const bool sees : {true, false}) {
+        const float m = 1.5f, l = 3.0f + static_cast<float>(n);
+        std::vector<float> want(n, -1.0f), got(n, -2.0f);
+        float lse_want = 0, lse_got = 1;
+        rope::attention::detail::finish_softmax_row<float>(m, l, acc.data(), n, sink, sees, want.data(), &lse_want);
+        rope::attention::detail::finish_float_row<Arch>(m, l, acc.data(), n, sink, sees, got.data(), &lse_got);
+        const std::string what = "n " + std::to_string(n) + ", sink " + std::to_string(sink) + (sees ? "" : ", no key");
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0) << what;
+        EXPECT_EQ(std::memcmp(&lse_got, &lse_want, sizeof(float)), 0) << what;
+      }
+    }
+  }
 }
 
 // rms_norm_row and rms_norm_rows (four rows' sums at a time, groups of 16

@@ -233,8 +233,8 @@ class AttendRun {
           const bool sees = hi[k] > lo[k];
           for (std::size_t r = 0; r < G; ++r) {
             const std::size_t x = k * G + r, h = g * G + r;
-            finish_softmax_row<float>(m[x], l[x], acc + x * da, dv, p_.logits.sink(h), sees, row,
-                                      lse_ != nullptr ? lse_ + tokens[k] * H + h : nullptr);
+            finish_float_row<Arch>(m[x], l[x], acc + x * da, dv, p_.logits.sink(h), sees, row,
+                                   lse_ != nullptr ? lse_ + tokens[k] * H + h : nullptr);
             store_kv_row<Arch>(row, dv, out_.row(tokens[k], h), nullptr);
           }
         }
@@ -249,8 +249,8 @@ class AttendRun {
         const float none = -std::numeric_limits<float>::infinity(), zero = 0.0f;
         for (std::size_t k = 0; k < it.tokens; ++k) {
           for (std::size_t h = 0; h < H; ++h) {
-            finish_softmax_row<float>(none, zero, row, dv, p_.logits.sink(h), false, row,
-                                      lse_ != nullptr ? lse_ + tokens[k] * H + h : nullptr);
+            finish_float_row<Arch>(none, zero, row, dv, p_.logits.sink(h), false, row,
+                                   lse_ != nullptr ? lse_ + tokens[k] * H + h : nullptr);
             store_kv_row<Arch>(row, dv, out_.row(tokens[k], h), nullptr);
           }
         }
@@ -294,8 +294,8 @@ class AttendRun {
   // key.
   void finish(std::size_t t, bool sees, AttendScratch s) const noexcept {
     for (std::size_t h = 0; h < p_.q_heads; ++h) {
-      finish_softmax_row<float>(s.m[h], s.l[h], s.acc + h * p_.dv, p_.dv, p_.logits.sink(h), sees, s.row,
-                                lse_ != nullptr ? lse_ + t * p_.q_heads + h : nullptr);
+      finish_float_row<Arch>(s.m[h], s.l[h], s.acc + h * p_.dv, p_.dv, p_.logits.sink(h), sees, s.row,
+                             lse_ != nullptr ? lse_ + t * p_.q_heads + h : nullptr);
       store_kv_row<Arch>(s.row, p_.dv, out_.row(t, h), nullptr);
     }
   }

@@ -150,21 +150,18 @@ void level_softmax(float* st, std::size_t rs, std::size_t R, std::size_t n, std:
   using F = xsimd::batch<float, Arch>;
   constexpr std::size_t L = F::size;
   const F cap(softcap), none(-std::numeric_limits<float>::infinity());
-  for (std::size_t j = 0; j < n; ++j) {
-    const F ks(key_scales[j]), key(static_cast<float>(j));
-    for (std::size_t r = 0; r < rs; r += L) {
-      F x = F::load_aligned(st + j * rs + r) * ks;
+  // Each lane's logits, and their max, in one pass over the block.
+  for (std::size_t r = 0; r < rs; r += L) {
+    F top(-std::numeric_limits<float>::infinity()), lo = none, hi = none;
+    if (seen.lo != nullptr) lo = F::load_aligned(seen.lo + r), hi = F::load_aligned(seen.hi + r);
+    for (std::size_t j = 0; j < n; ++j) {
+      F x = F::load_aligned(st + j * rs + r) * F(key_scales[j]);
       if (softcap > 0.0f) x = cap * xsimd::tanh(x / cap);
       if (seen.lo != nullptr) {  // after the cap: a key a row does not see is -inf, never -cap
-        x = xsimd::select(key >= F::load_aligned(seen.lo + r) && key < F::load_aligned(seen.hi + r), x, none);
+        const F key(static_cast<float>(j));
+        x = xsimd::select(key >= lo && key < hi, x, none);
       }
       x.store_aligned(st + j * rs + r);
-    }
-  }
-  for (std::size_t r = 0; r < rs; r += L) {
-    F top(-std::numeric_limits<float>::infinity());
-    for (std::size_t j = 0; j < n; ++j) {
-      const F x = F::load_aligned(st + j * rs + r);
       top = xsimd::select(x > top, x, top);  // a NaN compares false: skipped
     }
     const F old = F::load_aligned(m + r);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "../detail/fail.hpp"
+#include "../detail/simd.hpp"
 
 namespace rope::attention {
 
@@ -91,28 +92,70 @@ LogitParams<T> check_logits(const char* fn, const char* name, const Logits& logi
   return p;
 }
 
+// The factors that end one softmax row from its online state (m, l: the
+// max and sum_j exp(s_j - m) over the keys it saw) and sink s (-inf: none):
+// the row is acc * num / den, its log-sum-exp top + log(den). Without a
+// sink num = 1, den = l, top = m; with one top = max(m, s), num =
+// exp(m - top), den = l num + exp(s - top).
+template <class T>
+struct RowEnd {
+  T num, den, top;
+};
+template <class T>
+RowEnd<T> softmax_row_end(T m, T l, T sink) noexcept {
+  RowEnd<T> e{T(1), l, m};
+  if (sink != -std::numeric_limits<T>::infinity()) {
+    e.top = sink > m ? sink : m;
+    e.num = std::exp(m - e.top);
+    e.den = l * e.num + std::exp(sink - e.top);
+  }
+  return e;
+}
+
 // The end of one softmax row from its online state (m, l, acc: the max,
 // sum_j exp(s_j - m) and sum_j exp(s_j - m) v_j over the keys it saw), with
 // sink s (-inf: none): row = acc * num / den into out (n values) and the
 // log-sum-exp into *lse (when lse is set). sees = false: the query saw no
-// key, a zero row. With a sink: top = max(m, s), num = exp(m - top),
-// den = l num + exp(s - top).
+// key, a zero row.
 template <class T>
 void finish_softmax_row(T m, T l, const T* acc, std::size_t n, T sink, bool sees, T* out, float* lse) noexcept {
-  const T neg_inf = -std::numeric_limits<T>::infinity();
   if (!sees) {
     for (std::size_t c = 0; c < n; ++c) out[c] = T(0);
     if (lse != nullptr) *lse = static_cast<float>(sink);
     return;
   }
-  T num = 1, den = l, top = m;
-  if (sink != neg_inf) {
-    top = sink > m ? sink : m;
-    num = std::exp(m - top);
-    den = l * num + std::exp(sink - top);
+  const RowEnd<T> e = softmax_row_end(m, l, sink);
+  for (std::size_t c = 0; c < n; ++c) out[c] = acc[c] * e.num / e.den;
+  if (lse != nullptr) *lse = static_cast<float>(e.top + std::log(e.den));
+}
+
+// finish_softmax_row of a float row in Arch's vectors: each value's product
+// and quotient rounded as the scalar loop rounds them (IEEE division lane by
+// lane), so the same bytes, several times faster (the scalar loop's
+// divisions took a tenth of a prompt's time on AMX tiles). Where a vector
+// division is not IEEE's (32-bit neon: a reciprocal estimate), the scalar
+// loop.
+template <class Arch>
+void finish_float_row(float m, float l, const float* acc, std::size_t n, float sink, bool sees, float* out,
+                      float* lse) noexcept {
+  constexpr bool ieee_division =
+      std::is_base_of<xsimd::sse2, Arch>::value || std::is_base_of<xsimd::avx, Arch>::value ||
+      std::is_base_of<xsimd::avx512f, Arch>::value || std::is_base_of<xsimd::neon64, Arch>::value;
+  if constexpr (ieee_division) {
+    if (sees) {
+      using F = xsimd::batch<float, Arch>;
+      const RowEnd<float> e = softmax_row_end(m, l, sink);
+      const F num(e.num), den(e.den);
+      std::size_t c = 0;
+      for (; c + F::size <= n; c += F::size) {
+        (F::load_unaligned(acc + c) * num / den).store_unaligned(out + c);
+      }
+      for (; c < n; ++c) out[c] = acc[c] * e.num / e.den;
+      if (lse != nullptr) *lse = static_cast<float>(e.top + std::log(e.den));
+      return;
+    }
   }
-  for (std::size_t c = 0; c < n; ++c) out[c] = acc[c] * num / den;
-  if (lse != nullptr) *lse = static_cast<float>(top + std::log(den));
+  finish_softmax_row<float>(m, l, acc, n, sink, sees, out, lse);
 }
 
 }  // namespace detail

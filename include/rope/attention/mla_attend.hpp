@@ -352,9 +352,8 @@ class MlaRun {
 
   void finish(std::size_t t, std::size_t h, bool sees, MlaScratch& s, std::size_t r) const noexcept {
     s.row.resize(p_.latent);
-    finish_softmax_row<float>(s.m[r], s.l[r], s.acc.row(static_cast<Eigen::Index>(r)).data(), p_.latent,
-                              p_.logits.sink(h), sees, s.row.data(),
-                              lse_ != nullptr ? lse_ + t * p_.heads + h : nullptr);
+    finish_float_row<Arch>(s.m[r], s.l[r], s.acc.row(static_cast<Eigen::Index>(r)).data(), p_.latent, p_.logits.sink(h),
+                           sees, s.row.data(), lse_ != nullptr ? lse_ + t * p_.heads + h : nullptr);
     store_kv_row<Arch>(s.row.data(), p_.latent, out_.row(t, h), nullptr);
   }
 
