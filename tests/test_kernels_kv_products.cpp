@@ -1,8 +1,9 @@
 // The product modes' scores (kernels/kv_products.hpp) against their
 // definitions, written here value by value, on each architecture whose code
-// differs (rope_test::DistinctArchs), in float lanes and, where the CPU has
-// them, through vdpbf16ps and vpdpbusd; the output names the instructions
-// that ran on this host and those that could not:
+// differs (rope_test::DistinctArchs), in float lanes, in float fused
+// multiply-adds (the bf16 mode's twin in x86 code with FMA) and, where the
+// CPU has them, through vdpbf16ps and vpdpbusd; the output names the
+// instructions that ran on this host and those that could not:
 //   - bf16: q rounded to nearest even and flushed below 2^-126; 16 lanes,
 //     lane i adding for each block of 32 channels the exact product of
 //     channels 2i + 1, then of 2i, each sum rounded once to float and
@@ -13,6 +14,10 @@
 //   - int8: q quantized per row (scale max|x| / 127, round half to even), a
 //     NaN or infinite row NaN; the integer sum exact; (sum * s_q) * scale:
 //     bit for bit;
+//   - the fused twin taken exactly where no sum can be flushed (the least
+//     exponent fields of q and the key adding to 142 or more), and the
+//     same bits at that edge; its vector least-exponent of a key against
+//     the scalar one;
 //   - vdpbf16ps itself against the definition on random blocks (the
 //     definition is what the instruction does, not only what rope computes).
 #include <gtest/gtest.h>
@@ -93,7 +98,8 @@ TYPED_TEST(KvProducts, Bf16ScoresAreTheDefinitionBitForBit) {
   std::mt19937 gen(5);
   const bool hardware = rope::detail::kBf16DotArch<Arch> && rope::detail::avx512_bf16_runs<Arch>();
   std::cout << "[ products ] " << Arch::name() << ": bf16 scores in "
-            << (hardware ? "vdpbf16ps and lane by lane" : "lane by lane (vdpbf16ps not here)") << "\n";
+            << (hardware ? "vdpbf16ps and lane by lane" : "lane by lane (vdpbf16ps not here)")
+            << (rope::detail::kBf16FusedArch<Arch> ? ", and in float fma where the values allow" : "") << "\n";
   for (const bool allow : {true, false}) {
     rope::detail::products_hardware_allowed() = allow;
     for (const std::size_t d : {1, 7, 31, 32, 33, 64, 80, 128, 200, 1000}) {
@@ -112,20 +118,141 @@ TYPED_TEST(KvProducts, Bf16ScoresAreTheDefinitionBitForBit) {
           const std::size_t stride = rope::detail::bf16_row(d);
           std::vector<std::uint16_t> q(rows * stride);
           for (std::size_t r = 0; r < rows; ++r) rope::detail::bf16_query(x[r].data(), d, q.data() + r * stride);
-          std::vector<float> out(rows * 3, -7.0f);
-          rope::detail::bf16_scores<Arch>(q.data(), stride, rows, key.data(), d, out.data(), 3, 0.125f);
+          // Without and with the rows widened for the fused twin (where
+          // it runs, else the same call again).
+          std::vector<float> wide(rows * stride);
+          unsigned least = 0x1ff;
           for (std::size_t r = 0; r < rows; ++r) {
-            const float want = bf16_definition(x[r], key, 0.125f);
-            ASSERT_TRUE(same_bits(out[r * 3], want) || (std::isnan(want) && std::isnan(out[r * 3])))
-                << "d " << d << " rows " << rows << " row " << r << " trial " << trial << " hardware " << allow << ": "
-                << out[r * 3] << " vs " << want;
-            EXPECT_EQ(out[r * 3 + 1], -7.0f);  // nothing between the rows written
+            rope::detail::bf16_query_wide(q.data() + r * stride, d, wide.data() + r * stride);
+            least = std::min(least, rope::detail::bf16_least_exponent(q.data() + r * stride, d));
+          }
+          for (const bool widened : {false, true}) {
+            std::vector<float> out(rows * 3, -7.0f);
+            rope::detail::bf16_scores<Arch>(q.data(), stride, rows, key.data(), d, out.data(), 3, 0.125f,
+                                            widened ? wide.data() : nullptr, stride, least);
+            for (std::size_t r = 0; r < rows; ++r) {
+              const float want = bf16_definition(x[r], key, 0.125f);
+              ASSERT_TRUE(same_bits(out[r * 3], want) || (std::isnan(want) && std::isnan(out[r * 3])))
+                  << "d " << d << " rows " << rows << " row " << r << " trial " << trial << " hardware " << allow
+                  << " widened " << widened << ": " << out[r * 3] << " vs " << want;
+              EXPECT_EQ(out[r * 3 + 1], -7.0f);  // nothing between the rows written
+            }
           }
         }
       }
     }
   }
   rope::detail::products_hardware_allowed() = true;
+}
+
+// A bf16 value of exponent field e (1 .. 254) and significand m (128 ..
+// 255, the leading one included): m * 2^(e - 134).
+std::uint16_t bf16_of(unsigned e, unsigned m, bool negative) {
+  return static_cast<std::uint16_t>((negative ? 0x8000u : 0u) | (e << 7) | (m & 0x7fu));
+}
+
+// The fused twin of the bf16 mode (float fused multiply-adds, no flushes)
+// is taken only where no sum can be flushed: every product a multiple of
+// 2^-126, which holds when the least exponent fields of q's and the key's
+// nonzero values add to at least 142. At the edge: one lane adds 129 * 129
+// units then -128 * 130 units (units of 2^(Eq + Ek - 268)), leaving one
+// unit: 2^-126 when Eq + Ek = 142 (kept), 2^-127 at 141 (a subnormal sum,
+// flushed to zero). The scores must be the definition's bits whether the
+// twin or the lanes ran, and the twin must run exactly where the fields
+// add to 142 or more; then the same over random values of fields from
+// the edge up (3 fields wide, and 25 wide, whose sums round, so that the
+// steps' order shows), subnormal, infinite and NaN keys among them (the
+// lanes' steps).
+TYPED_TEST(KvProducts, Bf16FusedTwinRunsOnlyWhereNothingFlushes) {
+  using Arch = TypeParam;
+  if constexpr (!rope::detail::kBf16FusedArch<Arch>) {
+    std::cout << "[ products ] " << Arch::name() << ": no fused twin in code built for it\n";
+    return;
+  } else {
+    rope::detail::products_hardware_allowed() = false;  // the twin, not vdpbf16ps
+    std::mt19937 gen(17);
+    std::uniform_int_distribution<unsigned> mantissa(128, 255), coin(0, 1);
+    std::size_t fused = 0, lanes = 0;
+    for (const std::size_t d : {32, 48, 128}) {
+      const std::size_t stride = rope::detail::bf16_row(d);
+      for (unsigned total = 138; total <= 146; ++total) {
+        for (unsigned eq = 10; eq + 10 <= total; eq += 13) {
+          const unsigned ek = total - eq;
+          if (ek > 254) continue;
+          for (int trial = 0; trial < 6; ++trial) {
+            std::vector<std::uint16_t> q(stride, 0);
+            std::vector<BFloat16> key(d);
+            std::vector<float> x(d, 0.0f);
+            if (trial == 0) {  // the one-unit lane, alone
+              const std::size_t lane = gen() % 16;
+              q[2 * lane + 1] = bf16_of(eq, 129, false);
+              key[2 * lane + 1].bits = bf16_of(ek, 129, false);
+              q[2 * lane] = bf16_of(eq, 128, true);
+              key[2 * lane].bits = bf16_of(ek, 130, false);
+            } else {  // random values, fields eq .. eq + w and ek .. ek + w
+              // (w = 2: sums near the edge; 24: sums that round, which
+              // hold the steps' order)
+              const unsigned w = trial % 2 == 0 ? 3 : 25;
+              for (std::size_t c = 0; c < d; ++c) {
+                q[c] = bf16_of(eq + gen() % w, mantissa(gen), coin(gen) != 0);
+                key[c].bits = bf16_of(ek + gen() % w, mantissa(gen), coin(gen) != 0);
+              }
+              q[gen() % d] = bf16_of(eq, 128, false);  // the least fields present
+              key[gen() % d].bits = bf16_of(ek, 128, true);
+              if (trial == 4) key[gen() % d].bits = 0x0003;                       // a subnormal key value
+              if (trial == 5) key[gen() % d].bits = gen() % 2 ? 0x7f80 : 0xffc1;  // infinity or NaN
+            }
+            for (std::size_t c = 0; c < d; ++c) x[c] = from_bf16(q[c]);
+            std::vector<float> wide(stride);
+            rope::detail::bf16_query_wide(q.data(), d, wide.data());
+            const unsigned q_least = rope::detail::bf16_least_exponent(q.data(), d);
+            const unsigned k_least = rope::detail::bf16_key_least(key.data(), d);
+            ASSERT_EQ(q_least, eq);
+            ASSERT_EQ(k_least, trial >= 4 ? 0u : ek);
+            const bool twin = rope::detail::bf16_fused_exact(q_least, k_least);
+            EXPECT_EQ(twin, trial < 4 && total >= 142) << "fields " << eq << " + " << ek;
+            (twin ? fused : lanes) += 1;
+            float out = -7.0f;
+            rope::detail::bf16_scores<Arch>(q.data(), stride, 1, key.data(), d, &out, 1, 0.125f, wide.data(), stride,
+                                            q_least);
+            const float want = bf16_definition(x, key, 0.125f);
+            ASSERT_TRUE(same_bits(out, want) || (std::isnan(want) && std::isnan(out)))
+                << "d " << d << " fields " << eq << " + " << ek << " trial " << trial << ": " << out << " vs " << want;
+            if (trial == 0) {
+              EXPECT_EQ(want, total >= 142 ? std::ldexp(0.125f, static_cast<int>(total) - 268) : 0.0f);
+            }
+          }
+        }
+      }
+    }
+    std::cout << "[ products ] " << Arch::name() << ": " << fused << " keys in float fma, " << lanes
+              << " lane by lane\n";
+    rope::detail::products_hardware_allowed() = true;
+  }
+}
+
+// bf16_key_least (16 values at a time where the code has AVX2) is
+// bf16_least_exponent (one at a time) on keys of every length around the vector's, with zeros, both
+// signs, subnormal values, infinities and NaN anywhere.
+TEST(KvProductsFused, KeyLeastIsTheScalarLeast) {
+  std::mt19937 gen(23);
+  for (std::size_t d = 1; d <= 80; ++d) {
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<BFloat16> key(d);
+      const int kind = trial % 5;
+      for (BFloat16& v : key) {
+        const unsigned r = gen();
+        v.bits = static_cast<std::uint16_t>(kind == 0 ? r : kind == 1 ? (r & 0x8000u) : (r & 0x80ffu) | 0x3f00u);
+        if (kind >= 2 && gen() % 8 == 0)
+          v.bits = static_cast<std::uint16_t>(gen() % 3 == 0 ? 0 : (gen() & 0x807fu) | 0x0080u);
+        if (kind == 3 && gen() % 16 == 0) v.bits = static_cast<std::uint16_t>(gen() & 0x807fu);  // subnormal or zero
+        if (kind == 4 && gen() % 32 == 0) v.bits = static_cast<std::uint16_t>((gen() & 0x807fu) | 0x7f80u);
+      }
+      const auto* bits = reinterpret_cast<const std::uint16_t*>(key.data());
+      ASSERT_EQ(rope::detail::bf16_key_least(key.data(), d), rope::detail::bf16_least_exponent(bits, d))
+          << "d " << d << " trial " << trial;
+    }
+  }
 }
 
 TYPED_TEST(KvProducts, Int8ScoresAreTheDefinitionBitForBit) {

@@ -91,9 +91,10 @@ constexpr std::size_t kAttendValueTokens = 8;
 // 48 bytes past a line, a bf16 step over a cache in L2 (32/8 heads, d 128)
 // took about 25% longer here.
 // The query part holds the rows as a product mode packs them where that
-// is more (heads under 32 channels).
+// is more: bf16 rows, the same widened for the fused twin and each
+// group's least exponent (kv_products.hpp); int8 rows, scales and sums.
 constexpr std::size_t attend_query_floats(std::size_t q_heads, std::size_t d) noexcept {
-  const std::size_t bf16 = q_heads * ((d + 31) / 32 * 32) / 2, int8 = q_heads * ((d + 63) / 64 * 16 + 2);
+  const std::size_t bf16 = q_heads * ((d + 31) / 32 * 32) / 2 * 3 + q_heads, int8 = q_heads * ((d + 63) / 64 * 16 + 2);
   const std::size_t most = bf16 > int8 ? bf16 : int8;
   return detail::line_floats(q_heads * d > most ? q_heads * d : most);
 }
@@ -154,8 +155,11 @@ ROPE_ALWAYS_INLINE void score_products(const KvKeys<E>& a, const float* qp, cons
     const E* k = key + g * a.k_head_stride;
     if constexpr (M == Products::bf16) {
       const std::size_t row = bf16_row(d);
-      const auto* q = reinterpret_cast<const std::uint16_t*>(qp) + g * G * row;
-      bf16_scores<Arch>(q, row, G, k, d, scores + g * G * S, S, a.scale);
+      const auto* q = reinterpret_cast<const std::uint16_t*>(qp);
+      const float* wide = qp + H * row / 2;
+      const auto* least = reinterpret_cast<const unsigned*>(wide + H * row);
+      bf16_scores<Arch>(q + g * G * row, row, G, k, d, scores + g * G * S, S, a.scale,
+                        least[g] == 0 ? nullptr : wide + g * G * row, row, least[g]);
     } else {
       const std::size_t row = int8_row(d);
       const auto* q = reinterpret_cast<const std::int8_t*>(qp);
@@ -351,8 +355,21 @@ void attend_keys_products(const KvKeys<E>& a, const float* q, float* work, float
   float* scores = qp + attend_query_floats(H, d);
   float* ap = scores + line_floats(H * a.chunk);
   if constexpr (M == Products::bf16) {
-    for (std::size_t h = 0; h < H; ++h)
-      bf16_query(q + h * d, d, reinterpret_cast<std::uint16_t*>(qp) + h * bf16_row(d));
+    // The rows as bf16, then (where the fused twin runs) widened, and each
+    // group's least exponent field (0: the lanes' steps for every key).
+    const std::size_t row = bf16_row(d), G = H / a.kv_heads;
+    auto* rows = reinterpret_cast<std::uint16_t*>(qp);
+    float* wide = qp + H * row / 2;
+    auto* least = reinterpret_cast<unsigned*>(wide + H * row);
+    const bool fused = bf16_fused_runs<Arch>();
+    for (std::size_t g = 0; g < a.kv_heads; ++g) least[g] = fused ? 0x1ffu : 0u;
+    for (std::size_t h = 0; h < H; ++h) {
+      bf16_query(q + h * d, d, rows + h * row);
+      if (!fused) continue;
+      bf16_query_wide(rows + h * row, d, wide + h * row);
+      const unsigned e = bf16_least_exponent(rows + h * row, d);
+      least[h / G] = e < least[h / G] ? e : least[h / G];
+    }
   } else {
     auto* bytes = reinterpret_cast<std::int8_t*>(qp);
     auto* q_scales = reinterpret_cast<float*>(bytes + H * int8_row(d));

@@ -20,7 +20,9 @@
 //          ((s0 + s1) + (s2 + s3)) + ..., then times the scale. That is what
 //          vdpbf16ps does, measured bit for bit on an Intel Sapphire Rapids
 //          (tests/test_kernels_kv_products.cpp asks the CPU it runs on);
-//          where the CPU lacks it the same steps run lane by lane.
+//          where the CPU lacks it, one float fused multiply-add per step
+//          where no sum can be flushed (kBf16FusedArch), else the same
+//          steps lane by lane.
 //   int8   q_c = round_half_even(x_c / s), s = max_c |x_c| / 127 as the
 //          int8 cache scales its rows (kv_store.hpp: the least subnormal
 //          where that underflows; a row of zeros: s = 0, q = 0; a row with a
@@ -176,11 +178,172 @@ ROPE_ALWAYS_INLINE void bf16_scores_vdpbf16ps(const std::uint16_t* q, std::size_
 }
 #endif
 
+// The bf16 mode in float fused multiply-adds, where the CPU has no
+// vdpbf16ps but has FMA (x86 with AVX2 and FMA, or AVX-512 without BF16).
+// A lane's step s <- ftz(round(s + q_c k_c)) is then one fused
+// multiply-add whenever nothing is flushed: the FMA rounds s + q_c k_c
+// once, as the definition does. Nothing is flushed when every product
+// q_c k_c is a multiple of 2^-126, that is when the exponent fields of
+// every nonzero q_c and k_c add to at least 142 (a nonzero bf16 value of
+// field E is an integer times 2^(E - 134)) and no value is subnormal:
+// then every sum, exact or rounded to float, stays a multiple of 2^-126,
+// so it is zero or at least FLT_MIN (a multiple of 2^-126 that a float
+// cannot hold has an ulp above 2^-126, and rounds to a multiple of that).
+// Both the fused steps and the lanes' steps then give the same bits;
+// keys outside that (tiny or subnormal values, infinities, NaN) take the
+// lanes' steps. q, widened once per call (bf16_query_wide), and a key's
+// values each need their least exponent field (bf16_least_exponent).
+template <class Arch>
+constexpr bool kBf16FusedArch =
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__GNUC__)
+    std::is_base_of<xsimd::fma3<xsimd::avx2>, Arch>::value || std::is_base_of<xsimd::avx512bw, Arch>::value;
+#else
+    false;
+#endif
+
+// Whether a call's scores take the fused twin: its code is built for an
+// instruction set with FMA, and vdpbf16ps does not run (or may not).
+template <class Arch>
+bool bf16_fused_runs() noexcept {
+  if constexpr (kBf16FusedArch<Arch>) {
+    if constexpr (kBf16DotArch<Arch>) {
+      if (avx512_bf16_runs<Arch>() && products_hardware_allowed()) return false;
+    }
+    return true;
+  }
+  return false;
+}
+
+// The least exponent field over the nonzero values of n bf16 values: 0
+// where one is subnormal, an infinity or NaN (its products must be
+// flushed or are not finite: the lanes' steps), 0x1ff where all are zero.
+ROPE_ALWAYS_INLINE unsigned bf16_least_exponent(const std::uint16_t* x, std::size_t n) noexcept {
+  unsigned least = 0x1ff;
+  for (std::size_t c = 0; c < n; ++c) {
+    const unsigned a = x[c] & 0x7fffu;
+    if (a == 0) continue;
+    if (a >= 0x7f80u || a < 0x80u) return 0;
+    least = (a >> 7) < least ? (a >> 7) : least;
+  }
+  return least;
+}
+
+// Whether rows of least exponent field q_least meet a key of k_least in
+// fused multiply-adds (see kBf16FusedArch).
+ROPE_ALWAYS_INLINE bool bf16_fused_exact(unsigned q_least, unsigned k_least) noexcept {
+  return q_least != 0 && k_least != 0 && q_least + k_least >= 142;
+}
+
+// A row of bf16_query widened for the fused twin: per block of 32
+// channels, the values of its 16 odd channels (lane i: channel 2i + 1),
+// then of its 16 even ones, as floats (exact).
+ROPE_ALWAYS_INLINE void bf16_query_wide(const std::uint16_t* q, std::size_t d, float* out) noexcept {
+  for (std::size_t base = 0; base < bf16_row(d); base += kBf16Block) {
+    for (std::size_t i = 0; i < kBf16Lanes; ++i) {
+      out[base + i] = bfloat16_bits_to_float(q[base + 2 * i + 1]);
+      out[base + kBf16Lanes + i] = bfloat16_bits_to_float(q[base + 2 * i]);
+    }
+  }
+}
+
+// bf16_least_exponent of a key, 16 values at a time where the code has
+// AVX2: the least of each value's bits less one (a zero wraps to the
+// most) and the most of them.
+ROPE_ALWAYS_INLINE unsigned bf16_key_least(const BFloat16* key, std::size_t d) noexcept {
+  const auto* k = reinterpret_cast<const std::uint16_t*>(key);
+#if !(defined(__x86_64__) && defined(__AVX2__) && defined(__GNUC__))
+  return bf16_least_exponent(k, d);
+#else
+  const __m256i magnitude = _mm256_set1_epi16(0x7fff), one = _mm256_set1_epi16(1);
+  __m256i low = _mm256_set1_epi16(-1), high = _mm256_setzero_si256();
+  std::size_t c = 0;
+  for (; c + 16 <= d; c += 16) {
+    const __m256i a = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + c)), magnitude);
+    low = _mm256_min_epu16(low, _mm256_sub_epi16(a, one));
+    high = _mm256_max_epu16(high, a);
+  }
+  // The least and the most of the 16 lanes (the most as the least of
+  // their complements).
+  const __m128i low8 = _mm_min_epu16(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1));
+  const __m128i high8 = _mm_max_epu16(_mm256_castsi256_si128(high), _mm256_extracti128_si256(high, 1));
+  const unsigned least_less_one = static_cast<unsigned>(_mm_cvtsi128_si32(_mm_minpos_epu16(low8))) & 0xffffu;
+  const unsigned most =
+      0xffffu -
+      (static_cast<unsigned>(_mm_cvtsi128_si32(_mm_minpos_epu16(_mm_xor_si128(high8, _mm_set1_epi16(-1))))) & 0xffffu);
+  if (most >= 0x7f80u) return 0;
+  // A subnormal least value gives field 0: the lanes' steps.
+  unsigned least = least_less_one == 0xffffu ? 0x1ffu : (least_less_one + 1) >> 7;
+  if (c < d) {
+    const unsigned tail = bf16_least_exponent(k + c, d - c);
+    least = tail < least ? tail : least;
+  }
+  return least;
+#endif
+}
+
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__GNUC__)
+
+// The bf16 mode's scores of N <= 4 rows of widened q (bf16_query_wide,
+// q_stride floats apart) against one key, in fused multiply-adds: for
+// keys bf16_fused_exact admits, the bits of the lanes' steps.
+template <std::size_t N, class Arch>
+ROPE_ALWAYS_INLINE void bf16_scores_fused(const float* q, std::size_t q_stride, const BFloat16* key, std::size_t d,
+                                          float* out, std::size_t stride, float scale) noexcept {
+  using F = xsimd::batch<float, Arch>;
+  using U = xsimd::batch<std::uint32_t, Arch>;
+  constexpr std::size_t W = F::size, B = kBf16Lanes / W;                           // batches per row's 16 lanes
+  constexpr std::size_t P = N * B == 1 ? 1 : N * B <= 2 ? 2 : N * B <= 4 ? 4 : 8;  // batches folded at once
+  F s[P];
+  ROPE_UNROLL
+  for (std::size_t i = 0; i < P; ++i) s[i] = F(0.0f);
+  const U high(0xffff0000u);
+  const auto* k = reinterpret_cast<const std::uint16_t*>(key);
+  for (std::size_t base = 0; base < d; base += kBf16Block) {
+    alignas(64) std::uint16_t tail[kBf16Block];
+    const std::uint16_t* block = k + base;
+    if (d - base < kBf16Block) {  // channels past d read as +0
+      for (std::size_t c = 0; c < kBf16Block; ++c) tail[c] = base + c < d ? k[base + c] : 0;
+      block = tail;
+    }
+    F odd[B], even[B];
+    ROPE_UNROLL
+    for (std::size_t j = 0; j < B; ++j) {
+      // Channels 2i and 2i + 1 in one 32-bit word: the even one's bits in
+      // its low half, the odd one's in its high half.
+      const U w = U::load_unaligned(reinterpret_cast<const std::uint32_t*>(block) + j * W);
+      even[j] = as_float<Arch>(w << 16);
+      odd[j] = as_float<Arch>(w & high);
+    }
+    ROPE_UNROLL
+    for (std::size_t r = 0; r < N; ++r) {
+      const float* qr = q + r * q_stride + base;
+      ROPE_UNROLL
+      for (std::size_t j = 0; j < B; ++j) {
+        s[r * B + j] = xsimd::fma(F::load_unaligned(qr + j * W), odd[j], s[r * B + j]);
+        s[r * B + j] = xsimd::fma(F::load_unaligned(qr + kBf16Lanes + j * W), even[j], s[r * B + j]);
+      }
+    }
+  }
+  // The lanes' tree: each batch's own (fold_sums), then, where a row's 16
+  // lanes span two batches, lanes 0-7 plus lanes 8-15.
+  alignas(64) float sums[W];
+  fold_sums<P, Arch>(s).store_aligned(sums);
+  for (std::size_t r = 0; r < N; ++r) {
+    out[r * stride] = (B == 1 ? sums[r] : sums[r * B] + sums[r * B + 1]) * scale;
+  }
+}
+#endif
+
 // Scores of the bf16 mode: out[r * stride] = tree(lanes of row r) * scale
-// for `rows` rows of q (q_stride values apart) against one key.
+// for `rows` rows of q (q_stride values apart) against one key. Where the
+// fused twin runs (bf16_fused_runs), q_wide holds the same rows widened
+// (bf16_query_wide, wide_stride floats apart) and q_least the least of
+// their bf16_least_exponent; otherwise q_wide is null.
 template <class Arch>
 ROPE_ALWAYS_INLINE void bf16_scores(const std::uint16_t* q, std::size_t q_stride, std::size_t rows, const BFloat16* key,
-                                    std::size_t d, float* out, std::size_t stride, float scale) noexcept {
+                                    std::size_t d, float* out, std::size_t stride, float scale,
+                                    const float* q_wide = nullptr, std::size_t wide_stride = 0,
+                                    unsigned q_least = 0) noexcept {
   alignas(64) float lanes[kBf16Lanes];
 #if defined(__x86_64__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__GNUC__)
   if constexpr (kBf16DotArch<Arch>) {
@@ -193,6 +356,24 @@ ROPE_ALWAYS_INLINE void bf16_scores(const std::uint16_t* q, std::size_t q_stride
     }
   }
 #endif
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__GNUC__)
+  if constexpr (kBf16FusedArch<Arch>) {
+    if (q_wide != nullptr && bf16_fused_exact(q_least, bf16_key_least(key, d))) {
+      std::size_t r = 0;
+      for (; r + 4 <= rows; r += 4)
+        bf16_scores_fused<4, Arch>(q_wide + r * wide_stride, wide_stride, key, d, out + r * stride, stride, scale);
+      const float* qr = q_wide + r * wide_stride;
+      float* o = out + r * stride;
+      if (rows - r == 3) bf16_scores_fused<3, Arch>(qr, wide_stride, key, d, o, stride, scale);
+      if (rows - r == 2) bf16_scores_fused<2, Arch>(qr, wide_stride, key, d, o, stride, scale);
+      if (rows - r == 1) bf16_scores_fused<1, Arch>(qr, wide_stride, key, d, o, stride, scale);
+      return;
+    }
+  }
+#endif
+  (void)q_wide;
+  (void)wide_stride;
+  (void)q_least;
   for (std::size_t r = 0; r < rows; ++r) {
     bf16_lanes(q + r * q_stride, key, d, lanes);
     out[r * stride] = bf16_tree(lanes) * scale;
@@ -294,6 +475,7 @@ const char* products_path(Products mode) noexcept {
     if constexpr (kBf16DotArch<Arch>) {
       if (avx512_bf16_runs<Arch>() && products_hardware_allowed()) return "vdpbf16ps";
     }
+    if (bf16_fused_runs<Arch>()) return "float fma (vdpbf16ps's bits)";
     return "lane by lane";
   }
   if (mode == Products::int8) {
