@@ -2,8 +2,9 @@
 // definitions, written here value by value, on each architecture whose code
 // differs (rope_test::DistinctArchs), in float lanes, in float fused
 // multiply-adds (the bf16 mode's twin in x86 code with FMA) and, where the
-// CPU has them, through vdpbf16ps and vpdpbusd; the output names the
-// instructions that ran on this host and those that could not:
+// CPU has them, through vdpbf16ps and vpdpbusd (and AVX2's vpmaddubsw for
+// int8); the output names the instructions that ran on this host and
+// those that could not:
 //   - bf16: q rounded to nearest even and flushed below 2^-126; 16 lanes,
 //     lane i adding for each block of 32 channels the exact product of
 //     channels 2i + 1, then of 2i, each sum rounded once to float and

@@ -29,7 +29,8 @@
 //          NaN or an infinity: every score NaN); sum_c q_c k_c in 32-bit integers, exact (|sum| <= d
 //          * 127 * 128); score = (float(sum) * s) * (scale * k_scale). On
 //          AVX512-VNNI as vpdpbusd over (k + 128) as unsigned bytes, less 128
-//          sum_c q_c; elsewhere in integers: the same sum either way.
+//          sum_c q_c; with AVX2 as vpmaddubsw over |k| and q with k's
+//          sign; elsewhere in integers: the same sum every way.
 //
 // The instructions are written as inline assembly that the assemblers of
 // every toolchain rope supports take without -mavx512bf16 or -mavx512vnni,
@@ -37,17 +38,9 @@
 // detail/half_lanes.hpp picks vcvtne2ps2bf16).
 #pragma once
 
-#include <cfloat>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <limits>
 #include <type_traits>
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <cpuid.h>
-#endif
 
 #include "../detail/half_lanes.hpp"
 #include "../detail/inline.hpp"
@@ -55,91 +48,10 @@
 #include "../detail/xsimd.hpp"
 #include "../half.hpp"
 #include "../products.hpp"
-#include "kv_store.hpp"
+#include "kv_product_steps.hpp"
 
 namespace rope {
 namespace detail {
-
-constexpr std::size_t kBf16Block = 32;  // channels per block of the bf16 mode
-constexpr std::size_t kBf16Lanes = 16;
-constexpr std::size_t kInt8Block = 64;  // bytes per block of the int8 mode
-
-ROPE_ALWAYS_INLINE std::size_t bf16_row(std::size_t d) noexcept {
-  return (d + kBf16Block - 1) / kBf16Block * kBf16Block;
-}
-ROPE_ALWAYS_INLINE std::size_t int8_row(std::size_t d) noexcept {
-  return (d + kInt8Block - 1) / kInt8Block * kInt8Block;
-}
-
-// Whether the running CPU has AVX512-VNNI (CPUID leaf 7, ECX bit 11), asked
-// once.
-template <class Arch>
-bool avx512_vnni_runs() noexcept {
-#if defined(__x86_64__) && defined(__GNUC__)
-  static const bool runs = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid_max(0, nullptr) < 7) return false;
-    __cpuid_count(7, 0, a, b, c, d);
-    return (c & (1u << 11)) != 0;
-  }();
-  return runs;
-#else
-  return false;
-#endif
-}
-
-// Whether the mode's instruction may be used (tests turn it off to hold the
-// float and integer lanes to the instruction's bits on one machine).
-inline bool& products_hardware_allowed() noexcept {
-  static bool allowed = true;
-  return allowed;
-}
-
-// x flushed to a zero of its sign below 2^-126 (NaN and infinities kept).
-ROPE_ALWAYS_INLINE float flush(float x) noexcept { return std::fabs(x) < FLT_MIN ? std::copysign(0.0f, x) : x; }
-
-// The lanes' tree of the bf16 mode.
-ROPE_ALWAYS_INLINE float bf16_tree(const float* s) noexcept {
-  float t[kBf16Lanes];
-  for (std::size_t i = 0; i < kBf16Lanes; ++i) t[i] = s[i];
-  for (std::size_t w = 1; w < kBf16Lanes; w *= 2) {
-    for (std::size_t i = 0; i < kBf16Lanes; i += 2 * w) t[i] = t[i] + t[i + w];
-  }
-  return t[0];
-}
-
-// A row of d floats as the bf16 mode's q: rounded to nearest even, a
-// subnormal result flushed to a zero of its sign, padded with +0 to a
-// whole block.
-ROPE_ALWAYS_INLINE void bf16_query(const float* x, std::size_t d, std::uint16_t* out) noexcept {
-  for (std::size_t c = 0; c < d; ++c) {
-    std::uint16_t b = float_to_bfloat16_bits(x[c]);
-    if ((b & 0x7f80u) == 0) b &= 0x8000u;  // zero or subnormal: a zero of its sign
-    out[c] = b;
-  }
-  for (std::size_t c = d; c < bf16_row(d); ++c) out[c] = 0;
-}
-
-// The 16 lane sums of the bf16 mode for one row q (bf16_row(d) values)
-// against one key of d stored values, lane by lane: each product exact in
-// double (two 8-bit significands), each sum rounded once to float (through
-// double: exact, or so far below the float's half ulp that the double's own
-// rounding cannot reach a float tie), then flushed.
-ROPE_ALWAYS_INLINE void bf16_lanes(const std::uint16_t* q, const BFloat16* key, std::size_t d, float* lanes) noexcept {
-  for (std::size_t i = 0; i < kBf16Lanes; ++i) lanes[i] = 0.0f;
-  const auto* k = reinterpret_cast<const std::uint16_t*>(key);
-  for (std::size_t base = 0; base < d; base += kBf16Block) {
-    for (std::size_t i = 0; i < kBf16Lanes; ++i) {
-      const std::size_t e = base + 2 * i, o = e + 1;
-      const double pe =
-          e < d ? static_cast<double>(bfloat16_bits_to_float(q[e])) * flush(bfloat16_bits_to_float(k[e])) : 0.0;
-      const double po =
-          o < d ? static_cast<double>(bfloat16_bits_to_float(q[o])) * flush(bfloat16_bits_to_float(k[o])) : 0.0;
-      const float s = flush(static_cast<float>(static_cast<double>(lanes[i]) + po));
-      lanes[i] = flush(static_cast<float>(static_cast<double>(s) + pe));
-    }
-  }
-}
 
 // The same sums by vdpbf16ps (AVX-512BW code on a CPU with AVX512-BF16).
 template <class Arch>
@@ -201,6 +113,15 @@ constexpr bool kBf16FusedArch =
     false;
 #endif
 
+// Code whose int8 sums may take AVX2's byte products (int8_sums_avx2).
+template <class Arch>
+constexpr bool kInt8Avx2Arch =
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__GNUC__)
+    std::is_base_of<xsimd::avx2, Arch>::value || std::is_base_of<xsimd::avx512bw, Arch>::value;
+#else
+    false;
+#endif
+
 // Whether a call's scores take the fused twin: its code is built for an
 // instruction set with FMA, and vdpbf16ps does not run (or may not).
 template <class Arch>
@@ -212,38 +133,6 @@ bool bf16_fused_runs() noexcept {
     return true;
   }
   return false;
-}
-
-// The least exponent field over the nonzero values of n bf16 values: 0
-// where one is subnormal, an infinity or NaN (its products must be
-// flushed or are not finite: the lanes' steps), 0x1ff where all are zero.
-ROPE_ALWAYS_INLINE unsigned bf16_least_exponent(const std::uint16_t* x, std::size_t n) noexcept {
-  unsigned least = 0x1ff;
-  for (std::size_t c = 0; c < n; ++c) {
-    const unsigned a = x[c] & 0x7fffu;
-    if (a == 0) continue;
-    if (a >= 0x7f80u || a < 0x80u) return 0;
-    least = (a >> 7) < least ? (a >> 7) : least;
-  }
-  return least;
-}
-
-// Whether rows of least exponent field q_least meet a key of k_least in
-// fused multiply-adds (see kBf16FusedArch).
-ROPE_ALWAYS_INLINE bool bf16_fused_exact(unsigned q_least, unsigned k_least) noexcept {
-  return q_least != 0 && k_least != 0 && q_least + k_least >= 142;
-}
-
-// A row of bf16_query widened for the fused twin: per block of 32
-// channels, the values of its 16 odd channels (lane i: channel 2i + 1),
-// then of its 16 even ones, as floats (exact).
-ROPE_ALWAYS_INLINE void bf16_query_wide(const std::uint16_t* q, std::size_t d, float* out) noexcept {
-  for (std::size_t base = 0; base < bf16_row(d); base += kBf16Block) {
-    for (std::size_t i = 0; i < kBf16Lanes; ++i) {
-      out[base + i] = bfloat16_bits_to_float(q[base + 2 * i + 1]);
-      out[base + kBf16Lanes + i] = bfloat16_bits_to_float(q[base + 2 * i]);
-    }
-  }
 }
 
 // bf16_least_exponent of a key, 16 values at a time where the code has
@@ -380,36 +269,6 @@ ROPE_ALWAYS_INLINE void bf16_scores(const std::uint16_t* q, std::size_t q_stride
   }
 }
 
-// A row of d floats as the int8 mode's q (see the header comment): its
-// bytes padded with 0 to a whole block, its scale and the sum of its bytes;
-// false when the row holds a NaN or an infinity (its scores are NaN).
-ROPE_ALWAYS_INLINE bool int8_query(const float* x, std::size_t d, std::int8_t* out, float* scale,
-                                   std::int32_t* sum) noexcept {
-  float top = 0.0f;
-  bool finite = true;
-  for (std::size_t c = 0; c < d; ++c) {
-    finite = finite && std::isfinite(x[c]);
-    top = std::fabs(x[c]) > top ? std::fabs(x[c]) : top;
-  }
-  *scale = finite ? int8_scale(top) : std::numeric_limits<float>::quiet_NaN();
-  *sum = 0;
-  for (std::size_t c = 0; c < int8_row(d); ++c) {
-    float v = 0.0f;
-    if (c < d && finite && top > 0.0f) v = std::nearbyint(x[c] / *scale);
-    v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
-    out[c] = static_cast<std::int8_t>(v);
-    *sum += out[c];
-  }
-  return finite;
-}
-
-// sum_c q_c k_c of one row against one key, in integers.
-ROPE_ALWAYS_INLINE std::int32_t int8_sum(const std::int8_t* q, const std::int8_t* key, std::size_t d) noexcept {
-  std::int32_t s = 0;
-  for (std::size_t c = 0; c < d; ++c) s += static_cast<std::int32_t>(q[c]) * key[c];
-  return s;
-}
-
 #if defined(__x86_64__) && defined(__AVX512BW__) && defined(__GNUC__)
 // The same sums by vpdpbusd over the key's bytes plus 128 (unsigned) and q
 // (signed), less 128 * sum_c q_c, for n <= 4 rows: each key block loaded
@@ -441,6 +300,40 @@ ROPE_ALWAYS_INLINE void int8_sums_vpdpbusd(const std::int8_t* q, std::size_t q_s
 }
 #endif
 
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__GNUC__)
+// The same sums in AVX2 integers for n <= 4 rows, 32 bytes at a time:
+// vpmaddubsw of |k| (unsigned, at most 128) and q with k's sign (vpsignb),
+// each pair of products at most 2 * 128 * 127 = 32512 in 16 bits, exact;
+// then pairs of those into 32-bit lanes (vpmaddwd by ones). Integers: the
+// same sum in any order. A key's bytes past its last whole 32 are copied
+// out, padded with zeros.
+ROPE_ALWAYS_INLINE void int8_sums_avx2(const std::int8_t* q, std::size_t q_stride, std::size_t n,
+                                       const std::int8_t* key, std::size_t d, std::int32_t* out) noexcept {
+  __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (std::size_t base = 0; base < d; base += 32) {
+    alignas(32) std::int8_t tail[32];
+    const std::int8_t* block = key + base;
+    if (d - base < 32) {
+      for (std::size_t c = 0; c < 32; ++c) tail[c] = base + c < d ? key[base + c] : 0;
+      block = tail;
+    }
+    const __m256i k = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
+    const __m256i magnitude = _mm256_abs_epi8(k);
+    for (std::size_t r = 0; r < n; ++r) {
+      const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * q_stride + base));
+      const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(qv, k));
+      s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(pairs, ones));
+    }
+  }
+  for (std::size_t r = 0; r < n; ++r) {
+    const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s[r]), _mm256_extracti128_si256(s[r], 1));
+    const __m128i x = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    out[r] = _mm_cvtsi128_si32(_mm_add_epi32(x, _mm_shuffle_epi32(x, 0xb1)));
+  }
+}
+#endif
+
 // Scores of the int8 mode: out[r * stride] = (float(sum) * s_r) * scales[r]
 // for `rows` rows of q (q_stride bytes apart; s_r, the row's scale, and its
 // byte sum at q_scales[r], q_sums[r]) against one key.
@@ -463,6 +356,20 @@ ROPE_ALWAYS_INLINE void int8_scores(const std::int8_t* q, std::size_t q_stride, 
   }
 #endif
   (void)q_sums;  // the integer sum needs no correction
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__GNUC__)
+  if constexpr (kInt8Avx2Arch<Arch>) {
+    if (products_hardware_allowed()) {
+      std::int32_t sums[4];
+      for (std::size_t r = 0; r < rows; r += 4) {
+        const std::size_t n = rows - r < 4 ? rows - r : 4;
+        int8_sums_avx2(q + r * q_stride, q_stride, n, key, d, sums);
+        for (std::size_t i = 0; i < n; ++i)
+          out[(r + i) * stride] = (static_cast<float>(sums[i]) * q_scales[r + i]) * scale;
+      }
+      return;
+    }
+  }
+#endif
   for (std::size_t r = 0; r < rows; ++r) {
     out[r * stride] = (static_cast<float>(int8_sum(q + r * q_stride, key, d)) * q_scales[r]) * scale;
   }
@@ -484,6 +391,9 @@ const char* products_path(Products mode) noexcept {
       if (avx512_vnni_runs<Arch>() && products_hardware_allowed()) return "vpdpbusd";
     }
 #endif
+    if constexpr (kInt8Avx2Arch<Arch>) {
+      if (products_hardware_allowed()) return "vpmaddubsw";
+    }
     return "integers";
   }
   return "float fma";
