@@ -34,7 +34,8 @@
 # Debug information (CMakePresets.json): line tables only (-g1, clang's
 # -gline-tables-only), enough for the sanitizers' and a debugger's backtraces
 # with file and line; full -g made the heavy test units ~1.7x slower to build
-# with g++ 12, the largest share of CI's time. The clang stage builds at -O1,
+# with g++ 12, the largest share of CI's time; the aarch64 and xsimd14
+# stages, which no sanitizer reads, build without. The clang stage builds at -O1,
 # the usual level for ASan (-O1 with line tables built the heaviest unit
 # ~1.5x faster than -O2 -g, ~1.3x faster than -O2 with line tables).
 # The xsimd14 stage stays at -O2 (-O1 built its heaviest unit ~1.5x

@@ -57,6 +57,20 @@ using BuiltArchs = typename TestTypesOf<xsimd::supported_architectures>::type;
 // run on these, which keeps their cost (a suite per element type and
 // architecture) to the code that differs; the rotation kernels run on every
 // built architecture.
+// With ROPE_TESTS_FEW_ARCHS (tests/CMakeLists.txt), one architecture per
+// vector width: SSE2, AVX2 with FMA, AVX-512BW, NEON.
+#if defined(ROPE_TESTS_FEW_ARCHS)
+template <class A>
+struct DistinctCode
+    : std::integral_constant<bool, std::is_same<A, xsimd::sse2>::value ||
+                                       std::is_same<A, xsimd::fma3<xsimd::avx2>>::value ||
+                                       std::is_same<A, xsimd::avx512bw>::value
+#if defined(__aarch64__) || defined(__arm__)
+                                       || std::is_same<A, xsimd::neon>::value || std::is_same<A, xsimd::neon64>::value
+#endif
+                             > {
+};
+#else
 template <class A>
 struct DistinctCode
     : std::integral_constant<bool, std::is_same<A, xsimd::sse2>::value || std::is_same<A, xsimd::sse4_1>::value ||
@@ -69,6 +83,7 @@ struct DistinctCode
 #endif
                              > {
 };
+#endif
 template <class Kept, class... Rest>
 struct KeepDistinct {
   using type = Kept;
