@@ -5,15 +5,16 @@
 #          when it finds no C++ file (git's list of the tree, or outside a
 #          git checkout every *.hpp and *.cpp but build/'s).
 #          Apply it with: clang-format -i $(git ls-files '*.hpp' '*.cpp')
-#   clang  clang++, the whole suite under AddressSanitizer +
-#          UndefinedBehaviorSanitizer, warnings as errors
+#   clang  clang++, the suite under AddressSanitizer +
+#          UndefinedBehaviorSanitizer, warnings as errors (the thread
+#          suites are tsan's)
 #   tsan   g++, the concurrency tests under ThreadSanitizer: Concurrency.*,
 #          ExecutorContract.*, AttentionThreads.*, DispatchThreads.*; fails
 #          when one of those groups is not in the build
 #   fuzz   clang++ libFuzzer target, run for ROPE_FUZZ_SECONDS (default 60)
 #   aarch64  the suite cross-compiled with g++-aarch64-linux-gnu, run under
 #            qemu-aarch64: the NEON kernels
-#   xsimd14  the suite and examples, g++, against the xsimd 14 headers in the
+#   xsimd14  the SIMD suites, g++, against the xsimd 14 headers in the
 #            folder ROPE_XSIMD14_INCLUDE_DIR names (environment; .ci/run
 #            points it at CI's copy); fails when it is unset or the folder
 #            holds no xsimd/xsimd.hpp: without those headers, name the other
