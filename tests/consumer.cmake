@@ -16,6 +16,8 @@
 #   MODE=pkg_config         compile the consumer programs with nothing but
 #                           `pkg-config --cflags --libs` of the installed .pc
 #                           files
+# CONFIGURE_ONLY=ON: configure the project, build nothing (what a package's
+# find_package call accepts is decided there).
 # EXPECT_FAILURE=ON: the configure step must fail (a refused version, a
 # missing component); FAILURE_MATCH: text its output must contain.
 # XSIMD_INCLUDE_DIR: the xsimd headers rope was configured with
@@ -176,7 +178,7 @@ if(EXPECT_FAILURE)
 endif()
 run(${configure})
 if(CONFIGURE_ONLY)
-  message(STATUS "the package installed without a build loads")
+  message(STATUS "the package loads as asked: ${ARGS}")
   return()
 endif()
 run(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
