@@ -1,9 +1,10 @@
-// What the attention decoders share (fuzz_attention.cpp, fuzz_serving.cpp):
-// the draws of inputs, threads, logits, paged pools, shapes and batches
-// (tree verify's depths and masks too), plan()'s checks replicated (judge)
-// and what an accepted plan must hold, the long-double softmax oracle with
-// its forward error bound, the float RMSNorm of the documented order, and
-// the byte comparisons every refused call is held to. Built only with
+// What the attention decoders share (fuzz_attention.cpp, fuzz_append.cpp,
+// fuzz_serving.cpp): the draws of inputs, threads, logits, paged pools,
+// shapes and batches (tree verify's depths and masks too), plan()'s checks
+// replicated (judge) and what an accepted plan must hold, the long-double
+// softmax oracle with its forward error bound and its check of an attended
+// token, the float RMSNorm of the documented order, and the byte
+// comparisons every refused call is held to. Built only with
 // rope::attention (ROPE_FUZZ_ATTENTION).
 #pragma once
 
@@ -1070,6 +1071,47 @@ rope::View<T> rebased(const rope::View<T>& v, const U* from, U* to) {
   r.data = reinterpret_cast<T*>(reinterpret_cast<char*>(to) +
                                 (reinterpret_cast<const char*>(v.data) - reinterpret_cast<const char*>(from)));
   return r;
+}
+
+// The attention of token t's query heads (rows of q, read as given) over
+// its sequence's keys (key j in slots[j]) that a query at position p sees
+// through the mask, checked row by row against out (and lse, when set).
+template <class E, class Q, class O>
+void check_attend_token(const std::string& where, const rope::View<const Q>& q, const rope::View<O>& out,
+                        const float* lse, std::size_t t, std::int64_t p, const std::vector<std::size_t>& slots,
+                        const ra::PagePool<E>& kp, const ra::PagePool<E>& vp, std::size_t group,
+                        const LogitsIn<float>& logits, const ra::Mask& mask) {
+  const std::size_t hq = q.heads, d = q.head_dim, dv = out.head_dim;
+  for (std::size_t h = 0; h < hq; ++h) {
+    const std::size_t g = h / group;
+    const std::vector<LD> qr = view_row(q, t, h);
+    std::vector<Scored> keys;
+    bool finite = finite_all(qr), nan_score = false;
+    std::vector<bool> nan_value(dv, false);
+    for (std::size_t j = 0; j < slots.size(); ++j) {
+      const auto jj = static_cast<std::int64_t>(j);
+      if (mask.causal && jj > p) continue;
+      if (mask.window > 0 && jj <= p - static_cast<std::int64_t>(mask.window)) continue;
+      Scored s;
+      s.v.resize(dv);
+      for (std::size_t c = 0; c < d; ++c) {
+        const LD kc = stored(kp, slots[j], g, c);
+        finite = finite && std::isfinite(kc);
+        s.dot += qr[c] * kc;
+        s.magnitude += std::fabs(qr[c]) * std::fabs(kc);
+      }
+      for (std::size_t c = 0; c < dv; ++c) {
+        s.v[c] = stored(vp, slots[j], g, c);
+        finite = finite && std::isfinite(s.v[c]);
+        nan_value[c] = nan_value[c] || std::isnan(s.v[c]);
+      }
+      nan_score = nan_score || std::isnan(s.dot);
+      keys.push_back(std::move(s));
+    }
+    const Want w = softmax_want<float>(keys, d, dv, logits, h, finite, nan_score, nan_value);
+    check_row<O>(out.row(t, h), lse != nullptr ? lse + t * hq + h : nullptr, w, dv, logits.sinks[h],
+                 where + ": token " + std::to_string(t) + " head " + std::to_string(h));
+  }
 }
 
 }  // namespace rope_fuzz

@@ -76,16 +76,17 @@ class Bytes {
   std::size_t pos_ = 0;
 };
 
-// The attention decoders (fuzz_attention.cpp, fuzz_serving.cpp); without
-// rope::attention they return at once.
-void fuzz_softmax(Bytes& in);    // softmax over views; one sequence's step over a contiguous cache
-void fuzz_linear(Bytes& in);     // linear attention
-void fuzz_attend(Bytes& in);     // plan and attend over paged caches
-void fuzz_append_kv(Bytes& in);  // plan and append, the K/V form
-void fuzz_append(Bytes& in);     // plan and append with Q
-void fuzz_merge(Bytes& in);      // merge, and attend split in two and merged
-void fuzz_mla(Bytes& in);        // MLA over a latent cache: plan, append, attend (dense, sparse, trees)
-void fuzz_lists(Bytes& in);      // attend with sparse lists, tree verify and product modes
-void fuzz_shift(Bytes& in);      // shift: cached keys rotated again by a position delta
+// The attention decoders (fuzz_attention.cpp, fuzz_append.cpp,
+// fuzz_serving.cpp); without rope::attention they return at once.
+void fuzz_softmax(Bytes& in);         // softmax over views, or fuzz_step
+void fuzz_step(Bytes& in, bool f32);  // one sequence's step over a contiguous cache (f32, else bf16/f16/int8)
+void fuzz_linear(Bytes& in);          // linear attention
+void fuzz_attend(Bytes& in);          // plan and attend over paged caches
+void fuzz_append_kv(Bytes& in);       // plan and append, the K/V form
+void fuzz_append(Bytes& in);          // plan and append with Q
+void fuzz_merge(Bytes& in);           // merge, and attend split in two and merged
+void fuzz_mla(Bytes& in);             // MLA over a latent cache: plan, append, attend (dense, sparse, trees)
+void fuzz_lists(Bytes& in);           // attend with sparse lists, tree verify and product modes
+void fuzz_shift(Bytes& in);           // shift: cached keys rotated again by a position delta
 
 }  // namespace rope_fuzz
