@@ -89,7 +89,7 @@ TYPED_TEST(LevelGemm, ValuesAddEachKeyInOrderOntoTheSums) {
   for (const std::size_t rs : {16, 48, 80}) {
     for (const std::size_t rows : {1, 5, 6, 7, 13, 16}) {
       for (const std::size_t n : {1, 6, 13, 64}) {
-        for (const std::size_t dv : {1, 5, 16, 64, 70, 130}) {
+        for (const std::size_t dv : {1, 5, 16, 24, 64, 70, 130}) {
           const std::size_t as = dv + 3;  // a stride past dv: its padding must stay
           const Lines wt(n * rs, static_cast<std::uint32_t>(rows + n)), values(n * dv, static_cast<std::uint32_t>(dv));
           Lines acc(rs * as, static_cast<std::uint32_t>(rs + dv));
