@@ -681,6 +681,16 @@ void append_any(Bytes& in, bool with_q) {
     default: append_typed<E, rope::BFloat16, rope::BFloat16>(in, with_q); break;
   }
 }
+
+// append over a cache of any type: the K/V form or the form with Q.
+void append_any_cache(Bytes& in, bool with_q) {
+  switch (in.u8() % 4) {
+    case 0: append_any<float>(in, with_q); break;
+    case 1: append_any<rope::BFloat16>(in, with_q); break;
+    case 2: append_any<rope::Float16>(in, with_q); break;
+    default: any_scaled_byte(in, [&](auto e) { append_any<decltype(e)>(in, with_q); }); break;
+  }
+}
 }  // namespace
 
 void fuzz_step(Bytes& in, bool f32) {
@@ -692,23 +702,9 @@ void fuzz_step(Bytes& in, bool f32) {
   }
 }
 
-void fuzz_append_kv(Bytes& in) {
-  switch (in.u8() % 4) {
-    case 0: append_any<float>(in, false); break;
-    case 1: append_any<rope::BFloat16>(in, false); break;
-    case 2: append_any<rope::Float16>(in, false); break;
-    default: any_scaled_byte(in, [&](auto e) { append_any<decltype(e)>(in, false); }); break;
-  }
-}
+void fuzz_append_kv(Bytes& in) { append_any_cache(in, false); }
 
-void fuzz_append(Bytes& in) {
-  switch (in.u8() % 4) {
-    case 0: append_any<float>(in, true); break;
-    case 1: append_any<rope::BFloat16>(in, true); break;
-    case 2: append_any<rope::Float16>(in, true); break;
-    default: any_scaled_byte(in, [&](auto e) { append_any<decltype(e)>(in, true); }); break;
-  }
-}
+void fuzz_append(Bytes& in) { append_any_cache(in, true); }
 
 }  // namespace rope_fuzz
 
